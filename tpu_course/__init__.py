@@ -1,0 +1,33 @@
+"""tpu-course: the helper package behind the course notebooks and labs.
+
+One module per concept (see the README's package table). Importing the package starts
+no JAX backend, so ``tpu_course.runtime.simulate_devices(8)`` still works after
+``import tpu_course``; submodules load on first use (``tpu_course.hardware`` ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: The GitHub repository the course lives in (owner/name). The README's "Open in Colab"
+#: links and every notebook's setup cell are generated from this one setting
+#: (``python -m tpu_course.notebooks sync``).
+REPOSITORY = "tpu-course/tpu-course"
+
+_SUBMODULES = (
+    "hardware", "systolic", "roofline", "comms", "runtime", "data", "hlo", "bench",
+    "models", "train", "parallel", "parity", "viz", "checks", "notebooks",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'tpu_course' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_SUBMODULES))

@@ -1,0 +1,400 @@
+"""Accelerator facts: one frozen row per chip, every number with its source.
+
+Conventions (stated once, used everywhere):
+
+* **Per chip**, never per TensorCore. JAX's own table (``jax/_src/tpu_info.py``) stores
+  per-core values; the rows here multiply by the cores per chip.
+* **Dense** FLOP/s (NVIDIA's headline figures often assume 2:4 sparsity).
+* **Bytes**, not GB or GiB: ``16e9`` for "16 GB", ``95 * 2**30`` for "95 GiB".
+* ICI bandwidth is the **bidirectional per-chip total** over all ports, as the Cloud TPU
+  documentation gives it; ``ici_link_bytes_per_s`` is the one-way bandwidth of a single
+  link as the scaling book uses it.
+* Where sources disagree, one canonical value (Cloud docs first, then JAX's table, then
+  the scaling book) and the others in ``alt_values``.
+
+Source tags (``S1`` ...) refer to the course's fact sheet (``shared/hardware_facts.md``)
+and are spelled out in :data:`SOURCES`.
+
+>>> get("v5e").peak_bf16_flops_per_s
+197000000000000.0
+>>> round(critical_intensity(get("v5e")))
+241
+>>> lookup("TPU v5 lite").name
+'v5e'
+>>> lookup("cpu") is None
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Mapping
+
+SOURCES: Mapping[str, str] = {
+    "S1": "jax-ml/jax jax/_src/tpu_info.py (per-TensorCore table), "
+    "https://docs.jax.dev/en/latest/pallas/tpu/hardware.html",
+    "S2": "jax-ml/scaling-book, https://jax-ml.github.io/scaling-book/ (tpus, roofline, "
+    "sharding, training chapters)",
+    "S3": "https://cloud.google.com/tpu/docs/system-architecture-tpu-vm",
+    "S4": "https://docs.cloud.google.com/tpu/docs/v5p-training",
+    "S5": "https://docs.cloud.google.com/tpu/docs/v5e",
+    "S6": "https://docs.cloud.google.com/tpu/docs/v6e",
+    "S7": "https://docs.cloud.google.com/tpu/docs/tpu7x",
+    "S8": "https://cloud.google.com/tpu/docs/v3",
+    "S9": "https://cloud.google.com/tpu/docs/v4",
+    "S11": "jax-ml/scaling-book gpus.md (GPU spec tables, NVLink)",
+    "S15": "https://github.com/jax-ml/jax/issues/21212 (T4 has no native bf16)",
+    "S17": "NVIDIA T4 datasheet figures as quoted by third-party spec pages (secondary)",
+    "S19": "NVIDIA A100/H100 datasheets as tabulated at glennklockwood.com (secondary)",
+    "S20": "Ironwood summaries of Google's blog / Hot Chips 2025 (secondary)",
+    "NV": "NVIDIA datasheets (A100: 19.5 TFLOP/s FP32; H100/H200 SXM: 67 TFLOP/s FP32; "
+    "T4: 8.1 TFLOP/s FP32)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One accelerator, per chip. ``None`` means "not published / not applicable".
+
+    ``sources`` maps a field name to the source tags its value comes from (see
+    :data:`SOURCES`); ``alt_values`` records the values other sources give.
+    """
+
+    name: str  # the table key: 'v5e', 'h100', ...
+    display_name: str
+    kind: str  # 'tpu' or 'gpu'
+    peak_bf16_flops_per_s: float
+    peak_fp32_flops_per_s: float | None  # vector/CUDA-core fp32; None: not published
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    tensorcores_per_chip: int  # TPU TensorCores; 1 for a GPU (one device)
+    mxu_count: int | None  # matrix units per chip (all cores); None for GPUs
+    mxu_size: int | None  # side of the square systolic array
+    ici_bytes_per_s: float | None  # bidirectional, per chip, all ports (NVLink for GPUs)
+    ici_link_bytes_per_s: float | None  # one-way, one link (scaling-book convention)
+    ici_topology: str
+    wraparound: str  # when the torus closes into a ring
+    dcn_bytes_per_s: float | None  # data-centre network, per chip
+    chips_per_host: int | None
+    vmem_bytes: float | None  # per core (GPU: shared memory per SM)
+    device_kinds: tuple[str, ...]  # what jax.devices()[0].device_kind reports
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    alt_values: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def hbm_gib(self) -> float:
+        """HBM capacity in GiB (2**30 bytes)."""
+        return self.hbm_bytes / 2**30
+
+    def summary(self) -> str:
+        """One line: name, peak bf16, HBM size and bandwidth."""
+        return (
+            f"{self.display_name}: {self.peak_bf16_flops_per_s / 1e12:,.0f} bf16 TFLOP/s, "
+            f"{self.hbm_bytes / 1e9:,.0f} GB HBM at {self.hbm_bytes_per_s / 1e9:,.0f} GB/s"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{f.name}</td><td>{getattr(self, f.name)}</td>"
+            f"<td>{self.sources.get(f.name, '')}</td></tr>"
+            for f in dataclasses.fields(self)
+            if f.name not in ("sources", "alt_values")
+        )
+        return f"<table><tr><th>field</th><th>value</th><th>source</th></tr>{rows}</table>"
+
+
+
+CHIPS: Mapping[str, Chip] = {
+    c.name: c
+    for c in (
+        Chip(
+            name="v2", display_name="TPU v2", kind="tpu",
+            peak_bf16_flops_per_s=46e12,  # S1 (2 cores x 23 TF)
+            peak_fp32_flops_per_s=None,  # no fp32 matrix peak published
+            hbm_bytes=16e9,  # S1
+            hbm_bytes_per_s=716e9,  # S1
+            tensorcores_per_chip=2,  # S1, not megacore
+            mxu_count=2, mxu_size=128,  # 1 per core x 128x128, S1 S3
+            ici_bytes_per_s=None, ici_link_bytes_per_s=None,  # not found
+            ici_topology="2D torus, 4 neighbours",  # S2
+            wraparound="full torus",  # S2
+            dcn_bytes_per_s=None,
+            chips_per_host=4,  # "sets of 4 on a tray", S2
+            vmem_bytes=16 * 2**20,  # S1
+            device_kinds=("TPU v2",),
+            sources={"peak_bf16_flops_per_s": "S1", "hbm_bytes": "S1", "hbm_bytes_per_s": "S1",
+                     "mxu_count": "S1 S3", "ici_topology": "S2", "chips_per_host": "S2"},
+        ),
+        Chip(
+            name="v3", display_name="TPU v3", kind="tpu",
+            peak_bf16_flops_per_s=123e12,  # S8 (Cloud); 140e12 in S1 and S2
+            peak_fp32_flops_per_s=None,
+            hbm_bytes=32 * 2**30,  # "32 GiB", S8
+            hbm_bytes_per_s=900e9,  # S8, S2
+            tensorcores_per_chip=2,  # S8
+            mxu_count=4, mxu_size=128,  # 2 per core, S8 S1
+            ici_bytes_per_s=2e11,  # 1e11 one-way per link, S2 (unverified upstream)
+            ici_link_bytes_per_s=1e11,  # S2
+            ici_topology="2D torus",  # S8
+            wraparound="full torus",
+            dcn_bytes_per_s=None,
+            chips_per_host=4,  # v3-8 = 1 host, 4 chips x 2 cores, S8
+            vmem_bytes=16 * 2**20,  # S1
+            device_kinds=("TPU v3",),
+            sources={"peak_bf16_flops_per_s": "S8", "hbm_bytes": "S8", "hbm_bytes_per_s": "S8",
+                     "mxu_count": "S8 S1", "ici_link_bytes_per_s": "S2"},
+            alt_values={"peak_bf16_flops_per_s": "140e12 (S1, S2)",
+                        "hbm_bytes_per_s": "825e9 (S1)"},
+        ),
+        Chip(
+            name="v4", display_name="TPU v4", kind="tpu",
+            peak_bf16_flops_per_s=275e12,  # S9
+            peak_fp32_flops_per_s=None,
+            hbm_bytes=32 * 2**30,  # "32 GiB", S9
+            hbm_bytes_per_s=1200e9,  # S9 (S1: 1.23e12)
+            tensorcores_per_chip=2,  # megacore, S9 S1
+            mxu_count=8, mxu_size=128,  # 4 per core, S9 S1
+            ici_bytes_per_s=6 * 9e10,  # 6 links x 9e10 bidi, S2
+            ici_link_bytes_per_s=4.5e10,  # S2
+            ici_topology="3D torus (3D mesh below 4x4x4), 6 neighbours",  # S9 S2
+            wraparound="axes that are multiples of 4 (full 4x4x4 cubes)",  # S2
+            dcn_bytes_per_s=None,
+            chips_per_host=4,  # 2x2x1, S2
+            vmem_bytes=16 * 2**20,  # S1
+            device_kinds=("TPU v4",),
+            sources={"peak_bf16_flops_per_s": "S9", "hbm_bytes": "S9", "hbm_bytes_per_s": "S9",
+                     "ici_link_bytes_per_s": "S2", "ici_topology": "S9 S2"},
+            alt_values={"hbm_bytes_per_s": "1.23e12 (S1)"},
+        ),
+        Chip(
+            name="v5e", display_name="TPU v5e", kind="tpu",
+            peak_bf16_flops_per_s=197e12,  # S5
+            peak_fp32_flops_per_s=None,
+            hbm_bytes=16e9,  # "16 GB", S5 (S1: 17.2e9)
+            hbm_bytes_per_s=819e9,  # S5
+            tensorcores_per_chip=1,  # S5
+            mxu_count=4, mxu_size=128,  # S5 S1
+            ici_bytes_per_s=400e9,  # bidi per chip, 4 ports, S5
+            ici_link_bytes_per_s=4.5e10,  # S2
+            ici_topology="2D torus, 4 ICI ports",  # S5
+            wraparound="only on axes of size 16",  # S2
+            dcn_bytes_per_s=3.125e9,  # S2 (2 x 100 Gbps NIC per 8-chip host, S5)
+            chips_per_host=8,  # S5
+            vmem_bytes=128 * 2**20,  # S1 S2
+            device_kinds=("TPU v5 lite", "TPU v5e", "TPU v5litepod"),
+            sources={"peak_bf16_flops_per_s": "S5", "hbm_bytes": "S5", "hbm_bytes_per_s": "S5",
+                     "ici_bytes_per_s": "S5", "ici_link_bytes_per_s": "S2",
+                     "dcn_bytes_per_s": "S2", "chips_per_host": "S5"},
+            alt_values={"hbm_bytes_per_s": "800 GiB/s (S5, other revision); 8.1e11 / 8.2e11 (S2, S1)",
+                        "hbm_bytes": "17.2e9 (S1)"},
+        ),
+        Chip(
+            name="v5p", display_name="TPU v5p", kind="tpu",
+            peak_bf16_flops_per_s=459e12,  # S4
+            peak_fp32_flops_per_s=None,
+            hbm_bytes=95 * 2**30,  # "95 GiB", S4 (S1: 103e9)
+            hbm_bytes_per_s=2765e9,  # S4
+            tensorcores_per_chip=2,  # megacore, S4
+            mxu_count=8, mxu_size=128,  # 4 per core, S4 S1
+            ici_bytes_per_s=1200e9,  # bidi per chip, S4
+            ici_link_bytes_per_s=9e10,  # S2
+            ici_topology="3D torus, 6 neighbours",  # S4 S2
+            wraparound="axes that are multiples of 4 (full 4x4x4 cubes)",  # S2
+            dcn_bytes_per_s=6.25e9,  # 50 Gbps per chip, S4
+            chips_per_host=4,  # 4-chip VM, S4
+            vmem_bytes=64 * 2**20,  # S1
+            device_kinds=("TPU v5", "TPU v5p"),
+            sources={"peak_bf16_flops_per_s": "S4", "hbm_bytes": "S4", "hbm_bytes_per_s": "S4",
+                     "ici_bytes_per_s": "S4", "ici_link_bytes_per_s": "S2",
+                     "dcn_bytes_per_s": "S4", "chips_per_host": "S4"},
+            alt_values={"hbm_bytes_per_s": "2575 GiB/s (S4 other revision); 2.8e12 (S2); 2.46e12 (S1)",
+                        "hbm_bytes": "96 GB (S2); 103e9 (S1)"},
+        ),
+        Chip(
+            name="v6e", display_name="TPU v6e (Trillium)", kind="tpu",
+            peak_bf16_flops_per_s=918e12,  # S6
+            peak_fp32_flops_per_s=None,
+            hbm_bytes=32e9,  # "32 GB", S6 (S1: 34.4e9)
+            hbm_bytes_per_s=1638e9,  # S6
+            tensorcores_per_chip=1,  # S6
+            mxu_count=2, mxu_size=256,  # S6 S1
+            ici_bytes_per_s=800e9,  # bidi per chip, S6
+            ici_link_bytes_per_s=9e10,  # S2
+            ici_topology="2D torus, 4 ICI ports",  # S6
+            wraparound="only on axes of size 16",  # S2
+            dcn_bytes_per_s=12.5e9,  # S2
+            chips_per_host=8,  # S6
+            vmem_bytes=128 * 2**20,  # S1
+            device_kinds=("TPU v6 lite", "TPU v6e"),
+            sources={"peak_bf16_flops_per_s": "S6", "hbm_bytes": "S6", "hbm_bytes_per_s": "S6",
+                     "ici_bytes_per_s": "S6", "ici_link_bytes_per_s": "S2",
+                     "dcn_bytes_per_s": "S2", "chips_per_host": "S6", "mxu_size": "S6 S1 S2"},
+            alt_values={"hbm_bytes": "34.4e9 (S1)"},
+        ),
+        Chip(
+            name="7x", display_name="TPU7x (Ironwood)", kind="tpu",
+            peak_bf16_flops_per_s=2307e12,  # S7
+            peak_fp32_flops_per_s=None,
+            hbm_bytes=192 * 2**30,  # "192 GiB", S7 (S1: 206e9)
+            hbm_bytes_per_s=7.4e12,  # S1 (blog, secondary: 7.37e12)
+            tensorcores_per_chip=2,  # not megacore: each core is its own JAX device, S7 S1
+            mxu_count=4, mxu_size=256,  # 2 per core, 256 wide, S1
+            ici_bytes_per_s=1.2e12,  # secondary, S20
+            ici_link_bytes_per_s=None,
+            ici_topology="3D torus in 4x4x4 cubes",  # S21 via fact sheet
+            wraparound="full 4x4x4 cubes",
+            dcn_bytes_per_s=None,  # not verified
+            chips_per_host=4,  # 4 chips per VM
+            vmem_bytes=64 * 2**20,  # S1
+            device_kinds=("TPU7x", "TPU 7x", "TPU v7x", "TPU v7"),
+            sources={"peak_bf16_flops_per_s": "S7", "hbm_bytes": "S7", "hbm_bytes_per_s": "S1",
+                     "ici_bytes_per_s": "S20 (secondary)", "mxu_count": "S1"},
+            alt_values={"hbm_bytes_per_s": "7.37e12 (S20, secondary)", "hbm_bytes": "206e9 (S1)"},
+        ),
+        Chip(
+            name="t4", display_name="NVIDIA T4", kind="gpu",
+            # No native bf16 (S15): XLA falls back to fp32; the table keeps the fp16 tensor
+            # peak so intensities stay comparable, and notebooks say so.
+            peak_bf16_flops_per_s=65e12,  # fp16 tensor-core peak, S17 (secondary)
+            peak_fp32_flops_per_s=8.1e12,  # NV
+            hbm_bytes=16e9,  # GDDR6, S17
+            hbm_bytes_per_s=320e9,  # S17 (secondary)
+            tensorcores_per_chip=1,
+            mxu_count=None, mxu_size=None,
+            ici_bytes_per_s=None, ici_link_bytes_per_s=None,  # PCIe only, no NVLink
+            ici_topology="PCIe 3.0 x16, no NVLink",  # S17
+            wraparound="n/a",
+            dcn_bytes_per_s=None,
+            chips_per_host=1,
+            vmem_bytes=64 * 2**10,  # L1/shared per SM, S17
+            device_kinds=("Tesla T4", "NVIDIA T4"),
+            sources={"peak_bf16_flops_per_s": "S17 (fp16; no bf16, S15)", "hbm_bytes_per_s": "S17",
+                     "peak_fp32_flops_per_s": "NV"},
+        ),
+        Chip(
+            name="a100", display_name="NVIDIA A100 80GB SXM", kind="gpu",
+            peak_bf16_flops_per_s=312e12,  # dense, S11 S19
+            peak_fp32_flops_per_s=19.5e12,  # NV
+            hbm_bytes=80e9,  # S11
+            hbm_bytes_per_s=2039e9,  # S19 (S11: 2.0e12)
+            tensorcores_per_chip=1,
+            mxu_count=None, mxu_size=None,
+            ici_bytes_per_s=600e9,  # NVLink 3, 300 GB/s each way, S11
+            ici_link_bytes_per_s=25e9,  # 12 ports x 25 GB/s, S11
+            ici_topology="NVLink 3 through 6 NVSwitches (8 GPUs per node)",  # S11
+            wraparound="switched: every GPU one hop from every other",
+            dcn_bytes_per_s=None,
+            chips_per_host=8,  # S11
+            vmem_bytes=192 * 2**10,  # SMEM per SM, S11
+            device_kinds=("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-80GB"),
+            sources={"peak_bf16_flops_per_s": "S11 S19", "hbm_bytes_per_s": "S19",
+                     "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV"},
+            alt_values={"hbm_bytes_per_s": "2.0e12 (S11)"},
+        ),
+        Chip(
+            name="h100", display_name="NVIDIA H100 SXM", kind="gpu",
+            peak_bf16_flops_per_s=989e12,  # dense, S19 (S11: 990e12)
+            peak_fp32_flops_per_s=67e12,  # NV
+            hbm_bytes=80e9,  # S11
+            hbm_bytes_per_s=3.35e12,  # S11
+            tensorcores_per_chip=1,
+            mxu_count=None, mxu_size=None,
+            ici_bytes_per_s=900e9,  # NVLink 4, 450 GB/s each way, S11
+            ici_link_bytes_per_s=25e9,  # 18 ports x 25 GB/s, S11
+            ici_topology="NVLink 4 through 4 NVSwitches (8 GPUs per node)",  # S11
+            wraparound="switched: every GPU one hop from every other",
+            dcn_bytes_per_s=50e9,  # ~400 GB/s node egress / 8 GPUs, S11
+            chips_per_host=8,  # S11
+            vmem_bytes=256 * 2**10,  # SMEM per SM, S11
+            device_kinds=("NVIDIA H100 80GB HBM3", "NVIDIA H100", "NVIDIA H100 SXM"),
+            sources={"peak_bf16_flops_per_s": "S19 S11", "hbm_bytes_per_s": "S11",
+                     "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV"},
+            alt_values={"peak_bf16_flops_per_s": "990e12 (S11)"},
+        ),
+        Chip(
+            name="h200", display_name="NVIDIA H200", kind="gpu",
+            peak_bf16_flops_per_s=989e12,  # same die as H100, S11
+            peak_fp32_flops_per_s=67e12,  # NV
+            hbm_bytes=141e9,  # HBM3e, S11
+            hbm_bytes_per_s=4.8e12,  # S11
+            tensorcores_per_chip=1,
+            mxu_count=None, mxu_size=None,
+            ici_bytes_per_s=900e9,  # NVLink 4, S11
+            ici_link_bytes_per_s=25e9,
+            ici_topology="NVLink 4 through NVSwitches (8 GPUs per node)",  # S11
+            wraparound="switched: every GPU one hop from every other",
+            dcn_bytes_per_s=50e9,  # as H100, S11
+            chips_per_host=8,  # S11
+            vmem_bytes=256 * 2**10,  # S11
+            device_kinds=("NVIDIA H200", "NVIDIA H200 NVL"),
+            sources={"peak_bf16_flops_per_s": "S11", "hbm_bytes": "S11", "hbm_bytes_per_s": "S11",
+                     "peak_fp32_flops_per_s": "NV"},
+        ),
+    )
+}
+
+_ALIASES = {
+    "tpu v5 lite": "v5e", "v5litepod": "v5e", "v5lite": "v5e", "trillium": "v6e",
+    "v6": "v6e", "ironwood": "7x", "tpu7x": "7x", "v7x": "7x", "v7": "7x",
+    "a100_80gb": "a100", "a100-80gb": "a100", "h100_sxm": "h100", "h100-sxm": "h100",
+}
+
+
+def names() -> list[str]:
+    """The table's keys, TPUs first in generation order."""
+    return list(CHIPS)
+
+
+def get(name: str) -> Chip:
+    """The row for a table key such as ``'v5e'``, ``'v6e'``, ``'h100'`` (case-insensitive).
+
+    >>> get("V6E").mxu_size
+    256
+    """
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in CHIPS:
+        raise KeyError(
+            f"unknown chip {name!r}; the hardware table holds {', '.join(CHIPS)}. "
+            "To map what JAX reports (jax.devices()[0].device_kind), use hardware.lookup()."
+        )
+    return CHIPS[key]
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", s.lower()).strip()
+
+
+def lookup(device_kind: str) -> Chip | None:
+    """Map a JAX ``device_kind`` string to its row, or ``None`` when it is not in the table.
+
+    ``None`` is the honest answer for a CPU, an A100 40GB or a chip newer than this
+    table: callers print "unknown" instead of borrowing another chip's numbers.
+
+    >>> lookup("TPU v6 lite").name, lookup("NVIDIA H200").name, lookup("Tesla T4").name
+    ('v6e', 'h200', 't4')
+    >>> lookup("NVIDIA A100-SXM4-40GB") is None
+    True
+    """
+    want = _norm(device_kind)
+    for chip in CHIPS.values():
+        if any(_norm(k) == want for k in chip.device_kinds):
+            return chip
+    return None
+
+
+def critical_intensity(chip: Chip, dtype: str = "bf16") -> float:
+    """Peak FLOP/s divided by HBM bytes/s, in FLOP per byte (the roofline's ridge point).
+
+    A kernel whose arithmetic intensity is below this is memory-bound on ``chip``. For
+    a bf16 matmul of a B-token batch against a large weight this is also the smallest B
+    that keeps the MXU busy (scaling book, roofline chapter: "about 240" on v5e).
+
+    >>> round(critical_intensity(get("v6e")))
+    560
+    """
+    peak = chip.peak_bf16_flops_per_s if dtype == "bf16" else chip.peak_fp32_flops_per_s
+    if peak is None:
+        raise ValueError(f"{chip.display_name} has no published {dtype} peak in the table")
+    return peak / chip.hbm_bytes_per_s

@@ -1,0 +1,288 @@
+"""Authoring tools for the course's notebooks: one source for every derived file.
+
+The text twin (``.py``, jupytext percent format) is what authors edit. This module
+
+* builds the ``.ipynb`` from it and executes it on a fresh kernel, so committed outputs
+  are exactly what "Restart and run all" produced (``build``);
+* writes each lab from its solution, replacing every ``### BEGIN SOLUTION`` ...
+  ``### END SOLUTION`` block by a stub that raises ``NotImplementedError`` naming the
+  exercise, and dropping cells tagged ``solution`` (``labs``);
+* checks that nothing has drifted: twins in sync, labs current, every notebook's first
+  code cell the canonical setup cell, README's Colab links current (``check``).
+
+Command line (from the repository root)::
+
+    python -m tpu_course.notebooks build notebooks/02_first_program.py   # one notebook
+    python -m tpu_course.notebooks build --all                           # everything
+    python -m tpu_course.notebooks labs           # rewrite labs/ from solutions/
+    python -m tpu_course.notebooks check          # exit 1 and say what drifted
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pathlib
+import re
+import sys
+import time
+from typing import Any
+
+from tpu_course import REPOSITORY
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FOLDERS = ("notebooks", "solutions", "labs")
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION:?\s*(?P<name>.*)$")
+END = re.compile(r"^[ \t]*### END SOLUTION\s*$")
+
+SETUP_CELL = f'''\
+# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
+# jax, jaxlib and libtpu; where the package is already installed it does nothing.
+import importlib.metadata, importlib.util, subprocess, sys
+if importlib.util.find_spec("tpu_course") is None:
+    keep = [f"{{p}}=={{importlib.metadata.version(p)}}" for p in ("jax", "jaxlib", "libtpu")
+            if importlib.util.find_spec(p)]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
+                    "tpu-course @ git+https://github.com/{REPOSITORY}"], check=True)'''
+
+
+def colab_url(path: str) -> str:
+    """The "Open in Colab" address of a notebook path inside the repository."""
+    return f"https://colab.research.google.com/github/{REPOSITORY}/blob/main/{path}"
+
+
+def _jupytext() -> Any:
+    try:
+        import jupytext
+    except ImportError as err:  # pragma: no cover - dev dependency
+        raise ImportError("the notebook tools need jupytext: run `make setup`") from err
+    return jupytext
+
+
+def read_twin(py_path: pathlib.Path) -> Any:
+    """The notebook (nbformat node) that a jupytext ``.py`` twin describes."""
+    return _jupytext().read(py_path)
+
+
+def _sources(nb: Any) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source.strip()) for c in nb.cells]
+
+
+def twin_in_sync(ipynb: pathlib.Path) -> str | None:
+    """None when ``ipynb`` and its ``.py`` twin have the same cells, else what differs."""
+    import nbformat
+
+    py = ipynb.with_suffix(".py")
+    if not py.exists():
+        return f"{ipynb} has no jupytext twin {py.name}"
+    a = _sources(nbformat.read(ipynb, as_version=4))
+    b = _sources(read_twin(py))
+    if a == b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"{ipynb.name} and {py.name} differ at cell {i}: {x[1][:60]!r} vs {y[1][:60]!r}"
+    return f"{ipynb.name} has {len(a)} cells, {py.name} has {len(b)}"
+
+
+def _stub(name: str, indent: str) -> str:
+    label = name or "this exercise"
+    return f'{indent}raise NotImplementedError("{label}: write your code here")'
+
+
+def strip_solutions(source: str) -> str:
+    """Replace each marked solution block by a stub raising ``NotImplementedError``.
+
+    >>> print(strip_solutions("def f(x):\\n    ### BEGIN SOLUTION Exercise 1\\n"
+    ...                       "    return x + 1\\n    ### END SOLUTION\\n"))
+    def f(x):
+        raise NotImplementedError("Exercise 1: write your code here")
+    <BLANKLINE>
+    """
+    out: list[str] = []
+    inside = False
+    for line in source.split("\n"):
+        begin = BEGIN.match(line)
+        if begin:
+            if inside:
+                raise ValueError("nested ### BEGIN SOLUTION markers")
+            inside = True
+            out.append(_stub(begin.group("name").strip(), begin.group("indent")))
+        elif END.match(line):
+            if not inside:
+                raise ValueError("### END SOLUTION without a BEGIN")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError("### BEGIN SOLUTION without an END")
+    return "\n".join(out)
+
+
+def lab_from_solution(solution: Any) -> Any:
+    """The lab notebook for a solution notebook (both nbformat nodes)."""
+    lab = copy.deepcopy(solution)
+    cells = []
+    for cell in lab.cells:
+        if "solution" in cell.get("metadata", {}).get("tags", []):
+            continue
+        if cell.cell_type == "code":
+            cell.source = strip_solutions(cell.source)
+            cell.outputs = []
+            cell.execution_count = None
+        elif cell.cell_type == "markdown":
+            cell.source = cell.source.replace(" (solution)", "").replace(" (solutions)", "")
+        cells.append(cell)
+    lab.cells = cells
+    return lab
+
+
+def _write_pair(nb: Any, ipynb: pathlib.Path) -> None:
+    import nbformat
+
+    jupytext = _jupytext()
+    nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,py:percent"
+    nbformat.write(nb, ipynb)
+    jupytext.write(nb, ipynb.with_suffix(".py"), fmt="py:percent")
+
+
+def write_labs(check_only: bool = False) -> list[str]:
+    """Write ``labs/`` from ``solutions/``; with ``check_only`` just list what differs."""
+    import nbformat
+
+    problems = []
+    for sol in sorted((ROOT / "solutions").glob("*.ipynb")):
+        lab = lab_from_solution(nbformat.read(sol, as_version=4))
+        target = ROOT / "labs" / sol.name
+        if check_only:
+            if not target.exists():
+                problems.append(f"labs/{sol.name} is missing: run `make labs`")
+            elif _sources(nbformat.read(target, as_version=4)) != _sources(lab):
+                problems.append(f"labs/{sol.name} differs from what `make labs` writes")
+        else:
+            _write_pair(lab, target)
+    return problems
+
+
+def build(py_path: pathlib.Path, timeout_s: int = 600) -> float:
+    """Make ``.ipynb`` from the ``.py`` twin, execute it on a fresh kernel, save outputs.
+
+    Returns the execution time in seconds. A solution also rewrites its lab.
+    """
+    from nbclient import NotebookClient
+
+    py_path = py_path.resolve()
+    nb = read_twin(py_path)
+    start = time.perf_counter()
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(py_path.parent)}})
+    client.execute()
+    elapsed = time.perf_counter() - start
+    _write_pair(nb, py_path.with_suffix(".ipynb"))
+    if py_path.parent.name == "solutions":
+        write_labs()
+    return elapsed
+
+
+def all_twins() -> list[pathlib.Path]:
+    """Every ``.py`` twin in ``notebooks/`` and ``solutions/`` (labs are generated)."""
+    return sorted(p for f in ("notebooks", "solutions") for p in (ROOT / f).glob("*.py"))
+
+
+def check() -> list[str]:
+    """Everything that has drifted: unpaired notebooks, stale labs, setup cells, links."""
+    import nbformat
+
+    problems = []
+    for folder in FOLDERS:
+        for ipynb in sorted((ROOT / folder).glob("*.ipynb")):
+            diff = twin_in_sync(ipynb)
+            if diff:
+                problems.append(diff)
+            nb = nbformat.read(ipynb, as_version=4)
+            code = [c for c in nb.cells if c.cell_type == "code"]
+            if not code or code[0].source.strip() != SETUP_CELL.strip():
+                problems.append(
+                    f"{folder}/{ipynb.name}: the first code cell is not the canonical setup "
+                    "cell (tpu_course.notebooks.SETUP_CELL); run `make sync`"
+                )
+    problems += write_labs(check_only=True)
+    readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else ""
+    for ipynb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        url = colab_url(f"notebooks/{ipynb.name}")
+        if url not in readme:
+            problems.append(f"README.md has no Colab link {url}; run `make sync`")
+    if readme and chapter_table() not in readme:
+        problems.append("README.md's chapter table is stale; run `make sync`")
+    return problems
+
+
+def sync_setup_cells() -> None:
+    """Put the canonical setup cell first in every ``.py`` twin (after the title cell)."""
+    for py in all_twins():
+        text = py.read_text()
+        parts = re.split(r"(?m)^(?=# %%)", text)
+        for i, part in enumerate(parts):
+            if part.startswith("# %%") and not part.startswith("# %% [markdown]"):
+                header = part.split("\n", 1)[0]
+                parts[i] = f"{header}\n{SETUP_CELL}\n\n"
+                break
+        py.write_text("".join(parts))
+
+
+def chapter_table() -> str:
+    """The README's chapter table: title and Colab links of each notebook, lab, solution."""
+    import nbformat
+
+    rows = ["| chapter | notebook | lab | solution |", "| --- | --- | --- | --- |"]
+    for ipynb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(ipynb, as_version=4)
+        title = next((c.source.split("\n")[0].lstrip("# ") for c in nb.cells
+                      if c.cell_type == "markdown"), ipynb.stem)
+        links = []
+        for folder in FOLDERS[:1] + ("labs", "solutions"):
+            path = f"{folder}/{ipynb.name}"
+            links.append(f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+                         f"({colab_url(path)})" if (ROOT / path).exists() else "")
+        rows.append(f"| {title} | " + " | ".join(links) + " |")
+    return "\n".join(rows)
+
+
+def sync_readme() -> None:
+    """Rewrite the chapter table between the README's ``chapters`` markers."""
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    block = f"<!-- chapters:start -->\n{chapter_table()}\n<!-- chapters:end -->"
+    readme.write_text(re.sub(r"<!-- chapters:start -->.*<!-- chapters:end -->", lambda _: block,
+                             text, flags=re.S))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpu_course.notebooks")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="execute .py twins into .ipynb with outputs")
+    b.add_argument("paths", nargs="*", type=pathlib.Path)
+    b.add_argument("--all", action="store_true")
+    sub.add_parser("labs", help="write labs/ from solutions/")
+    sub.add_parser("check", help="report drift and exit 1 when there is any")
+    sub.add_parser("sync", help="rewrite every setup cell and the README chapter table")
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        paths = all_twins() if args.all else [p.with_suffix(".py") for p in args.paths]
+        for p in paths:
+            print(f"{p.relative_to(ROOT) if p.is_absolute() else p}: {build(p):.1f} s", flush=True)
+    elif args.cmd == "labs":
+        write_labs()
+    elif args.cmd == "sync":
+        sync_setup_cells()
+        sync_readme()
+    elif args.cmd == "check":
+        problems = check()
+        for p in problems:
+            print(p)
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
