@@ -1,0 +1,151 @@
+"""tpu_course.comms against the fact sheet's worked numbers and closed-form ring counts."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tpu_course import comms, hardware
+
+
+def test_pure_layer_does_not_import_jax():
+    import subprocess
+    code = "import sys, tpu_course.comms; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("chip, want", [("v5p", 2550), ("v5e", 2189), ("v6e", 5100), ("v4", 3056)])
+def test_dp_threshold_matches_fact_sheet(chip, want):
+    # hardware_facts.md section 4: alpha = C / W_ici (v6e listed as 5111 from 9.2e14)
+    assert comms.dp_min_tokens_per_chip(chip) == pytest.approx(want, rel=0.01)
+
+
+def test_dp_threshold_three_axes_is_a_third():
+    assert comms.dp_min_tokens_per_chip("v5p", axes=3) == pytest.approx(850, rel=1e-3)
+
+
+def test_fsdp_tp_threshold_v5p():
+    # training.md@dea4256: about 100 tokens per chip with F = 32768, M_X M_Y = 2
+    assert comms.fsdp_tp_min_tokens_per_chip("v5p", 32768, 2) == pytest.approx(100, rel=0.02)
+
+
+def test_dcn_bits_32_and_approaching_64():
+    assert comms.dcn_bits_per_param(2) == 32
+    assert comms.dcn_bits_per_param(1) == 0
+    assert 63 < comms.dcn_bits_per_param(256) < 64
+
+
+def test_dcn_min_tokens_fact_sheet():
+    # hardware_facts.md section 5: ~42k (v5e) / ~49k (v5p) at 2 slices, ~84k / ~98k with many
+    assert comms.dcn_min_tokens_per_slice("v5e", 2) == pytest.approx(42e3, rel=0.01)
+    assert comms.dcn_min_tokens_per_slice("v5p", 2) == pytest.approx(49e3, rel=0.01)
+    assert comms.dcn_min_tokens_per_slice("v5e", 10**6) == pytest.approx(84e3, rel=0.01)
+
+
+def test_pipeline_bubble_values():
+    assert comms.pipeline_bubble(4, 8) == pytest.approx(0.2727, abs=1e-4)
+    assert comms.pipeline_bubble(8, 63) == pytest.approx(0.10, abs=1e-9)
+    with pytest.raises(ValueError):
+        comms.pipeline_bubble(0, 4)
+
+
+def _ring_steps_all_gather(n: int, wrapped: bool) -> int:
+    """Step a ring all-gather chunk by chunk: every step each chip passes what it has to its
+    neighbours (both ways); count the steps until every chip holds every chunk."""
+    have = [{i} for i in range(n)]
+    steps = 0
+    while any(len(h) < n for h in have):
+        new = [set(h) for h in have]
+        for i in range(n):
+            for j in (i - 1, i + 1):
+                if wrapped or 0 <= j < n:
+                    new[j % n] |= have[i]
+        have, steps = new, steps + 1
+    return steps
+
+
+@given(st.integers(2, 64), st.floats(1e6, 1e12))
+@settings(max_examples=50, deadline=None)
+def test_all_gather_bandwidth_term(n, v):
+    chip = hardware.get("v5p")
+    w = comms.w_ici(chip)
+    t = comms.all_gather_time(v, n, chip, wraparound=True, hop_latency_s=0.0)
+    assert t == pytest.approx(v * (n - 1) / n / w)
+    t_mesh = comms.all_gather_time(v, n, chip, wraparound=False, hop_latency_s=0.0)
+    assert t_mesh == pytest.approx(2 * t)
+    assert comms.all_reduce_time(v, n, chip, wraparound=True, hop_latency_s=0.0) == pytest.approx(2 * t)
+
+
+@given(st.integers(3, 64))
+def test_ring_hops_match_a_counted_ring(n):
+    # farthest chunk on a bidirectional ring travels floor(n/2) hops; on a line n-1
+    assert comms.ring_hops(n, True) == _ring_steps_all_gather(n, True)
+    assert comms.ring_hops(n, False) == _ring_steps_all_gather(n, False)
+
+
+def test_two_axes_double_the_bandwidth():
+    chip = hardware.get("v5e")
+    one = comms.all_gather_time(1e9, 256, chip, wraparound=True, hop_latency_s=0)
+    two = comms.all_gather_time(1e9, (16, 16), chip, hop_latency_s=0)
+    assert two == pytest.approx(one / 2)
+
+
+def test_latency_floor():
+    t = comms.all_gather_time(1.0, 16, "v5e")
+    assert t == pytest.approx(8e-6)
+    assert comms.latency_bound_bytes("v5e", 2) == pytest.approx(90e3)
+
+
+def test_wraparound_rules():
+    v5e, v5p = hardware.get("v5e"), hardware.get("v5p")
+    assert [comms.wraps(v5e, n) for n in (2, 4, 8, 16)] == [True, False, False, True]
+    assert [comms.wraps(v5p, n) for n in (4, 6, 8)] == [True, False, True]
+
+
+def test_all_to_all_quarter_of_all_gather():
+    chip = hardware.get("v5p")
+    v = 1e10
+    assert comms.all_to_all_time(v, 16, chip, hop_latency_s=0) == pytest.approx(v / (4 * comms.w_ici(chip)))
+
+
+def test_gpu_switch_uses_nccl_ring():
+    h100 = hardware.get("h100")
+    v, n = 1e10, 8
+    # NCCL: t = (S/B)(n-1)/n with B one-way per GPU (450 GB/s)
+    assert comms.all_gather_time(v, n, h100) == pytest.approx(v / 450e9 * (n - 1) / n)
+
+
+def test_collective_bytes_fsdp_vs_dp_total_traffic():
+    shapes = [(256, 1024), (1024, 256)]
+    dp = comms.collective_bytes("dp", shapes, devices=8, loss_bytes=0)
+    fsdp = comms.collective_bytes("fsdp", shapes, devices=8, loss_bytes=0)
+    # an all-reduce is a reduce-scatter plus an all-gather: same V, same time
+    assert dp.time_s("v5e", 8) == pytest.approx(fsdp.time_s("v5e", 8))
+    assert fsdp.by_kind()["reduce-scatter"][1] * 8 == dp.total_bytes
+
+
+def test_collective_bytes_errors():
+    with pytest.raises(ValueError, match="strategy"):
+        comms.collective_bytes("zero", [(8, 8)], devices=8)
+    with pytest.raises(ValueError, match="divide"):
+        comms.collective_bytes("fsdp", [(6, 8)], devices=8)
+    with pytest.raises(ValueError, match="batch"):
+        comms.collective_bytes("tp", [(8, 8)], devices=8)
+
+
+def test_layer_bytes_scaling_book():
+    d, f, b = 8192, 32768, 1024
+    assert comms.layer_bytes("dp", d, f) == 8 * d * f
+    assert comms.layer_bytes("fsdp", d, f) == 12 * d * f
+    assert comms.layer_bytes("tp", d, f, batch=b) == 8 * b * d
+
+
+def test_training_cost_arithmetic():
+    est = comms.training_cost("v5e", 8, hours=2.0)
+    assert est.usd == pytest.approx(8 * 2 * comms.PRICES_USD_PER_CHIP_HOUR["v5e"]["on_demand"])
+    assert "unverified" in str(est)
+    assert comms.mfu(6e12, 1.0, 1, "v5e") == pytest.approx(6e12 / 197e12)

@@ -1,0 +1,579 @@
+"""Collective and parallelism cost models, in the scaling book's notation (no JAX).
+
+Notation (fixed once, used in every docstring; scaling book, training chapter [S2]):
+
+* ``V``: bytes of the array a collective moves (for an all-gather the *gathered*
+  array, for a reduce-scatter the *un-scattered* input, for an all-reduce the array).
+* ``|X|``: devices along the mesh axis the collective runs over; ``N``: all chips.
+* ``W_ici``: **bidirectional** ICI bandwidth *per axis* per chip, in bytes/s. The
+  hardware table stores the one-way bandwidth of one link (``ici_link_bytes_per_s``);
+  a wrapped axis gives a chip one link each way, so ``W_ici = 2 x ici_link_bytes_per_s``
+  (v5p: 2 x 9e10 = 1.8e11, the book's figure). It is *not* ``ici_bytes_per_s`` (the
+  Cloud docs' total over all four or six ports).
+* ``C``: peak bf16 FLOP/s per chip; ``W_dcn``: data-centre network bytes/s per chip.
+* ``B``: batch in tokens; ``D``: d_model; ``F``: d_ff.
+* ``T_min``: per-hop ICI latency, ~1 us [S2-sharding].
+
+Formulas (``shared/hardware_facts.md`` sections 4-5, which cite the scaling book):
+
+* Ring all-gather / reduce-scatter on a wrapped axis: ``T = max(T_min |X|/2,
+  V (|X|-1)/|X| / W_ici)``. The book drops ``(|X|-1)/|X|`` (``T = V / W_ici``); it is
+  kept here so that small meshes come out exactly.
+* Without wraparound (a mesh, not a torus) the ring runs one way only:
+  ``T = max(T_min (|X|-1), V (|X|-1)/|X| / W_uni)`` with ``W_uni = W_ici / 2``:
+  twice as slow ("typically doubles the time", scaling book, TPU chapter).
+* Several axes at once (2D/3D torus): the bandwidth adds up,
+  ``T = max(T_min sum|X_i|/2, V (N-1)/N / sum W_i)``.
+* All-reduce = reduce-scatter + all-gather: twice the time. All-to-all on a
+  bidirectional ring: ``V / (4 W_ici)`` (a quarter of an all-gather).
+* Switched (NVLink/NVSwitch) GPUs, NCCL's ring model with one-way per-GPU bandwidth
+  ``B``: all-gather ``(V/B)(n-1)/n``, all-reduce twice that [S12].
+
+Worked numbers from the fact sheet, reproduced:
+
+>>> from tpu_course import hardware
+>>> v5p = hardware.get("v5p")
+>>> round(w_ici(v5p))
+180000000000
+>>> round(dp_min_tokens_per_chip(v5p))          # B/X > C/W_ici on one axis
+2550
+>>> round(dp_min_tokens_per_chip(v5p, axes=3))  # all three axes of a 3D torus
+850
+>>> dcn_bits_per_param(2), dcn_bits_per_param(1000)
+(32.0, 63.936)
+>>> round(pipeline_bubble(4, 8), 3), round(pipeline_bubble(8, 63), 2)
+(0.273, 0.1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Mapping, Sequence
+
+from tpu_course import hardware
+
+#: Per-hop ICI latency in seconds, "~1 us" (scaling book, sharding chapter).
+HOP_LATENCY_S = 1e-6
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+STRATEGIES = ("dp", "fsdp", "tp")
+
+
+# ---------------------------------------------------------------------------------------
+# bandwidths and topology
+
+
+def w_ici(chip: hardware.Chip) -> float:
+    """Bidirectional ICI bandwidth per axis per chip, bytes/s: ``2 x`` one link one way.
+
+    This is the scaling book's ``W_ici`` (v5p: 1.8e11, v5e/v4: 9e10). For a switched
+    GPU (NVLink) it is the per-GPU total both ways, ``ici_bytes_per_s``.
+
+    >>> from tpu_course import hardware
+    >>> w_ici(hardware.get("v5e"))
+    90000000000.0
+    """
+    if chip.kind == "gpu":
+        if chip.ici_bytes_per_s is None:
+            raise ValueError(f"{chip.display_name} has no NVLink bandwidth in the table "
+                             "(PCIe only): its collectives are bound by PCIe, not modelled here")
+        return float(chip.ici_bytes_per_s)
+    if chip.ici_link_bytes_per_s is None:
+        raise ValueError(
+            f"{chip.display_name} has no per-link ICI bandwidth in tpu_course.hardware "
+            "(ici_link_bytes_per_s is None); pick a chip that has one, e.g. 'v5e' or 'v5p'")
+    return 2.0 * chip.ici_link_bytes_per_s
+
+
+def wraps(chip: hardware.Chip, axis_size: int) -> bool:
+    """Whether an ICI axis of ``axis_size`` chips closes into a ring on ``chip``.
+
+    v5e/v6e wrap only on axes of 16 chips (a full pod side); v4/v5p on axes that are a
+    multiple of 4 (whole 4x4x4 cubes joined by optical switches) [S2-tpus]. An axis of
+    size 1 or 2 counts as wrapped (a 2-ring is its own wraparound).
+
+    >>> from tpu_course import hardware
+    >>> wraps(hardware.get("v5e"), 8), wraps(hardware.get("v5e"), 16), wraps(hardware.get("v5p"), 8)
+    (False, True, True)
+    """
+    if axis_size <= 2:
+        return True
+    rule = chip.wraparound.lower()
+    if "size 16" in rule:
+        return axis_size == 16
+    if "multiples of 4" in rule:
+        return axis_size % 4 == 0
+    return True  # "full torus", "full 4x4x4 cubes", switched: behaves as wrapped
+
+
+def _axes(axes: int | Sequence[int]) -> tuple[int, ...]:
+    sizes = (axes,) if isinstance(axes, int) else tuple(axes)
+    if not sizes or any((not isinstance(a, int)) or a < 1 for a in sizes):
+        raise ValueError(f"axes must be a positive int or a sequence of them (mesh axis "
+                         f"sizes such as 8 or (4, 4)), got {axes!r}")
+    return sizes
+
+
+def _wrap_flags(chip: hardware.Chip, sizes: tuple[int, ...],
+                wraparound: bool | Sequence[bool] | None) -> tuple[bool, ...]:
+    if wraparound is None:
+        return tuple(wraps(chip, a) for a in sizes)
+    if isinstance(wraparound, bool):
+        return (wraparound,) * len(sizes)
+    flags = tuple(bool(w) for w in wraparound)
+    if len(flags) != len(sizes):
+        raise ValueError(f"wraparound has {len(flags)} entries for {len(sizes)} axes")
+    return flags
+
+
+def ring_hops(axes: int | Sequence[int], wraparound: bool | Sequence[bool] = True) -> int:
+    """Latency-bound hops of a ring collective: ``|X|/2`` per wrapped axis, ``|X|-1`` without.
+
+    >>> ring_hops(16), ring_hops(16, wraparound=False), ring_hops((16, 16))
+    (8, 15, 16)
+    """
+    sizes = _axes(axes)
+    flags = (wraparound,) * len(sizes) if isinstance(wraparound, bool) else tuple(wraparound)
+    return sum((a // 2 if w else a - 1) for a, w in zip(sizes, flags))
+
+
+# ---------------------------------------------------------------------------------------
+# collective times
+
+
+def all_gather_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Chip | str, *,
+                    wraparound: bool | Sequence[bool] | None = None,
+                    hop_latency_s: float = HOP_LATENCY_S) -> float:
+    """Seconds for a ring all-gather that assembles a ``v_bytes`` array on every chip.
+
+    TPU torus (scaling book, sharding chapter):
+    ``T = max(T_min * hops, V (N-1)/N / sum_i W_i)``, with ``W_i = W_ici`` on a wrapped
+    axis and ``W_ici / 2`` on an unwrapped one, ``hops = sum |X_i|/2`` (wrapped) or
+    ``|X_i| - 1`` (not). ``wraparound=None`` asks the chip (:func:`wraps`).
+    Switched GPUs (NCCL ring): ``T = V (n-1)/n / B`` with ``B = W / 2`` one way.
+
+    Args:
+        v_bytes: bytes of the gathered (full) array, ``V``.
+        axes: size of the mesh axis, or sizes of several axes gathered over at once.
+        chip: a :class:`hardware.Chip` or its table name.
+
+    >>> from tpu_course import hardware
+    >>> v5e = hardware.get("v5e")
+    >>> all_gather_time(16 * 90e9, 16, v5e)     # V/W_ici x 15/16 on a wrapped 16-ring
+    15.0
+    >>> all_gather_time(16 * 90e9, 16, v5e, wraparound=False)   # a mesh: twice as slow
+    30.0
+    >>> all_gather_time(1e3, 16, v5e) * 1e6      # 1 kB: latency-bound, 8 hops x 1 us
+    8.0
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    sizes = _axes(axes)
+    n = math.prod(sizes)
+    if n == 1:
+        return 0.0
+    w = w_ici(chip)
+    frac = (n - 1) / n
+    if chip.kind == "gpu":  # switched: every GPU one hop from every other
+        return max(hop_latency_s, v_bytes * frac / (w / 2))
+    flags = _wrap_flags(chip, sizes, wraparound)
+    bandwidth = sum(w if f else w / 2 for a, f in zip(sizes, flags) if a > 1)
+    return max(hop_latency_s * ring_hops(sizes, flags), v_bytes * frac / bandwidth)
+
+
+def reduce_scatter_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Chip | str,
+                        **kwargs) -> float:
+    """Seconds for a ring reduce-scatter of a ``v_bytes`` array (each chip keeps ``V/N``).
+
+    The mirror image of an all-gather, same cost (scaling book, sharding chapter).
+
+    >>> reduce_scatter_time(16 * 90e9, 16, "v5e") == all_gather_time(16 * 90e9, 16, "v5e")
+    True
+    """
+    return all_gather_time(v_bytes, axes, chip, **kwargs)
+
+
+def all_reduce_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Chip | str,
+                    **kwargs) -> float:
+    """Seconds for an all-reduce of ``v_bytes``: a reduce-scatter then an all-gather, ``2x``.
+
+    ``T = 2 V (N-1)/N / W_ici`` on a wrapped axis (the book: ``2V/W_ici``).
+
+    >>> all_reduce_time(16 * 90e9, 16, "v5e")
+    30.0
+    """
+    return 2.0 * all_gather_time(v_bytes, axes, chip, **kwargs)
+
+
+def all_to_all_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Chip | str, *,
+                    wraparound: bool | Sequence[bool] | None = None,
+                    hop_latency_s: float = HOP_LATENCY_S) -> float:
+    """Seconds for an all-to-all of a ``v_bytes`` array per chip on a ring.
+
+    ``T = V / (4 W_ici)`` on a bidirectional (wrapped) ring, a quarter of an all-gather;
+    twice that without wraparound (scaling book, sharding chapter). Several axes add
+    their bandwidths as for the all-gather.
+
+    >>> all_to_all_time(4 * 90e9, 16, "v5e")
+    1.0
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    sizes = _axes(axes)
+    if math.prod(sizes) == 1:
+        return 0.0
+    w = w_ici(chip)
+    if chip.kind == "gpu":
+        return max(hop_latency_s, v_bytes / (2 * w))
+    flags = _wrap_flags(chip, sizes, wraparound)
+    bandwidth = sum(w if f else w / 2 for a, f in zip(sizes, flags) if a > 1)
+    return max(hop_latency_s * ring_hops(sizes, flags), v_bytes / (4 * bandwidth))
+
+
+def latency_bound_bytes(chip: hardware.Chip | str, axis_size: int,
+                        hop_latency_s: float = HOP_LATENCY_S) -> float:
+    """The array size below which a ring all-gather on one wrapped axis is latency-bound.
+
+    Where ``T_min |X|/2 = V/W_ici``: ``V = T_min |X| W_ici / 2``. For ``|X| = 2`` it
+    is one link's one-way bytes per microsecond, the book's "45 kB" on v5e.
+
+    >>> latency_bound_bytes("v5e", 2)
+    90000.0
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    return hop_latency_s * axis_size * w_ici(chip) / 2
+
+
+# ---------------------------------------------------------------------------------------
+# when does training stay compute-bound?
+
+
+def dp_min_tokens_per_chip(chip: hardware.Chip | str, axes: int = 1) -> float:
+    """Tokens per chip above which data parallelism (or FSDP) is compute-bound: ``C / (W_ici M_X)``.
+
+    From ``T_math = 8BDF/(XC) > T_comms = 8DF/(W_ici M_X)``, i.e. ``B/X > C/(W_ici M_X)``
+    (scaling book, training chapter). ``axes`` is ``M_X``, the torus axes the batch
+    is sharded over.
+
+    >>> round(dp_min_tokens_per_chip("v5e")), round(dp_min_tokens_per_chip("v6e"))
+    (2189, 5100)
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    return chip.peak_bf16_flops_per_s / (w_ici(chip) * axes)
+
+
+def tp_max_shards(chip: hardware.Chip | str, d_ff: int, axes: int = 1) -> float:
+    """Largest tensor-parallel degree ``Y`` that stays compute-bound: ``M_Y F W_ici / C``.
+
+    Megatron TP moves ``8BD`` bytes per layer against ``12BDF/Y`` FLOPs (scaling book,
+    training chapter), so ``Y < M_Y F / alpha``. Independent of batch and precision.
+
+    >>> round(tp_max_shards("v5p", 32768), 1)
+    12.9
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    return axes * d_ff * w_ici(chip) / chip.peak_bf16_flops_per_s
+
+
+def fsdp_tp_min_tokens_per_chip(chip: hardware.Chip | str, d_ff: int,
+                                mesh_axes: int = 2) -> float:
+    """Tokens per chip above which mixed FSDP + TP is compute-bound: ``alpha^2 / (M_X M_Y F)``.
+
+    ``alpha = C / W_ici``; ``mesh_axes = M_X M_Y`` (scaling book, training chapter at
+    commit dea4256; an older snapshot has an extra factor 4).
+
+    >>> round(fsdp_tp_min_tokens_per_chip("v5p", 32768))
+    99
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    alpha = chip.peak_bf16_flops_per_s / w_ici(chip)
+    return alpha**2 / (mesh_axes * d_ff)
+
+
+# ---------------------------------------------------------------------------------------
+# across slices: the data-centre network
+
+
+def dcn_bits_per_param(slices: int, grad_bits: int = 32) -> float:
+    """Bits each slice sends per parameter per step for a ring all-reduce of the gradients.
+
+    A ring all-reduce over ``S`` slices sends ``2 (S-1)/S`` times the array from every
+    slice; with fp32 gradients that is 32 bits at two slices and approaches 64 bits
+    as slices grow (derived in ``shared/hardware_facts.md`` section 5).
+
+    >>> dcn_bits_per_param(2), dcn_bits_per_param(4), dcn_bits_per_param(2, grad_bits=16)
+    (32.0, 48.0, 16.0)
+    """
+    if not isinstance(slices, int) or slices < 1:
+        raise ValueError(f"slices must be a positive integer, got {slices!r}")
+    return 2 * (slices - 1) / slices * grad_bits
+
+
+def dcn_intensity(chip: hardware.Chip | str) -> float:
+    """``C / W_dcn`` per chip, FLOP per byte: the book's "tokens per slice" threshold.
+
+    The book's v5p figure is 71,360 (it uses C = 4.46e14); with the table's 4.59e14 it is
+    73,440.
+
+    >>> round(dcn_intensity("v5p")), round(dcn_intensity("v5e"))
+    (73440, 63040)
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    if chip.dcn_bytes_per_s is None:
+        raise ValueError(f"{chip.display_name} has no DCN bandwidth in tpu_course.hardware")
+    return chip.peak_bf16_flops_per_s / chip.dcn_bytes_per_s
+
+
+def dcn_min_tokens_per_slice(chip: hardware.Chip | str, slices: int,
+                             grad_bits: int = 32) -> float:
+    """Tokens per slice per step above which cross-slice data parallelism is compute-bound.
+
+    Per step a slice of ``M`` chips computes ``6 P T`` FLOPs (``T`` tokens, ``P``
+    parameters) in ``6 P T / (M C)`` seconds and sends ``P x bits/8`` bytes over
+    ``M W_dcn``; compute wins when ``T > (bits/8) C / (6 W_dcn)``
+    (``shared/hardware_facts.md`` section 5: ~42k on v5e at 2 slices, ~84k with many).
+
+    >>> round(dcn_min_tokens_per_slice("v5e", 2)), round(dcn_min_tokens_per_slice("v5p", 2))
+    (42027, 48960)
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    bytes_per_param = dcn_bits_per_param(slices, grad_bits) / 8
+    return bytes_per_param * dcn_intensity(chip) / 6
+
+
+def pipeline_bubble(stages: int, microbatches: int) -> float:
+    """Fraction of a GPipe step the pipeline sits idle: ``(p-1)/(m+p-1)``.
+
+    ``p`` stages, ``m`` microbatches (GPipe, Huang et al. 2019, arXiv:1811.06965).
+    Megatron-LM (arXiv:2104.04473) states it relative to the ideal time, ``(p-1)/m``.
+
+    >>> round(pipeline_bubble(4, 8), 4), pipeline_bubble(1, 8)
+    (0.2727, 0.0)
+    """
+    if stages < 1 or microbatches < 1:
+        raise ValueError(f"need stages >= 1 and microbatches >= 1, got {stages}, {microbatches}")
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+# ---------------------------------------------------------------------------------------
+# bytes per step for DP, FSDP, TP
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One kind of collective in a step: how many arrays, and their bytes per device.
+
+    ``bytes`` is the sum over those arrays of the **result** each device holds (the
+    size XLA prints on the collective's HLO line): the full array for an all-gather or
+    all-reduce, the ``1/N`` shard for a reduce-scatter. ``v_bytes`` is the ``V`` of the
+    time formulas (for a reduce-scatter, ``N x bytes``).
+    """
+
+    kind: str
+    arrays: int
+    bytes: int
+    v_bytes: int
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind:<15} x{self.arrays}  {self.bytes:>12,} B/device  ({self.why})"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectivePlan:
+    """The collectives one training step needs under a strategy, per device."""
+
+    strategy: str
+    devices: int
+    collectives: tuple[Collective, ...]
+
+    def by_kind(self) -> dict[str, tuple[int, int]]:
+        """``{kind: (arrays, bytes)}`` summed per kind."""
+        out: dict[str, tuple[int, int]] = {}
+        for c in self.collectives:
+            a, b = out.get(c.kind, (0, 0))
+            out[c.kind] = (a + c.arrays, b + c.bytes)
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.bytes for c in self.collectives)
+
+    def time_s(self, chip: hardware.Chip | str, axes: int | Sequence[int] | None = None,
+               **kwargs) -> float:
+        """Predicted seconds of communication per step on ``chip`` (no overlap assumed)."""
+        axes = self.devices if axes is None else axes
+        fns = {"all-gather": all_gather_time, "reduce-scatter": reduce_scatter_time,
+               "all-reduce": all_reduce_time, "all-to-all": all_to_all_time}
+        return sum(fns[c.kind](c.v_bytes, axes, chip, **kwargs) for c in self.collectives)
+
+    def __str__(self) -> str:
+        lines = [f"{self.strategy.upper()} on {self.devices} devices:"]
+        lines += ["  " + str(c) for c in self.collectives]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{c.kind}</td><td>{c.arrays}</td><td>{c.bytes:,}</td><td>{c.why}</td></tr>"
+            for c in self.collectives)
+        return (f"<b>{self.strategy.upper()} on {self.devices} devices</b><table><tr><th>kind"
+                f"</th><th>arrays</th><th>bytes/device</th><th>why</th></tr>{rows}</table>")
+
+
+def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterable[Sequence[int]],
+                     *, devices: int, batch: int | None = None, d_out: int | None = None,
+                     bytes_per_elem: int = 4, loss_bytes: int = 4) -> CollectivePlan:
+    """Predict the collectives of one training step of a stack of matmuls, per device.
+
+    The step is ``tpu_course.parallel``'s: loss, gradients, SGD update, under
+
+    * ``"dp"``: parameters replicated, batch sharded. Gradients are all-reduced:
+      one all-reduce per parameter (XLA may fuse them into one tuple all-reduce: the
+      bytes are the same), plus the scalar loss (``pmean``).
+    * ``"fsdp"``: every parameter sharded along its first axis, batch sharded. Each
+      parameter is all-gathered once for the forward pass (the gathered copy is kept
+      for the backward pass) and its gradient reduce-scattered back to a shard; plus
+      the scalar loss.
+    * ``"tp"``: Megatron: the first matrix split by columns, the second by rows, batch
+      replicated. The partial outputs ``[batch, d_out]`` are all-reduced once in the
+      forward pass; the backward pass needs none (the input's gradient is not needed).
+
+    Args:
+        params: parameter shapes (a mapping name -> shape, or a list of shapes).
+        devices: devices on the mesh axis.
+        batch, d_out: batch rows and output width (TP only).
+        bytes_per_elem: 4 for fp32, 2 for bf16.
+        loss_bytes: bytes of the reduced loss (fp32 scalar: 4); 0 to leave it out.
+
+    >>> shapes = {"w1": (256, 1024), "w2": (1024, 256)}
+    >>> print(collective_bytes("fsdp", shapes, devices=8))
+    FSDP on 8 devices:
+      all-gather      x2     2,097,152 B/device  (each parameter gathered for the forward pass)
+      reduce-scatter  x2       262,144 B/device  (each gradient summed and scattered back to its shard)
+      all-reduce      x1             4 B/device  (the mean loss)
+    >>> collective_bytes("dp", shapes, devices=8).by_kind()
+    {'all-reduce': (3, 2097156)}
+    >>> collective_bytes("tp", shapes, devices=8, batch=64, d_out=256).by_kind()
+    {'all-reduce': (1, 65536)}
+    """
+    shapes = list(params.values()) if isinstance(params, Mapping) else list(params)
+    sizes = [math.prod(s) * bytes_per_elem for s in shapes]
+    total = sum(sizes)
+    loss = [Collective("all-reduce", 1, loss_bytes, loss_bytes, "the mean loss")] if loss_bytes else []
+    if strategy == "dp":
+        cs = [Collective("all-reduce", len(sizes), total, total, "the gradients, summed over the batch shards")]
+        if loss_bytes:  # XLA fuses the loss into the same all-reduce: count it with them
+            cs = [Collective("all-reduce", len(sizes) + 1, total + loss_bytes, total + loss_bytes,
+                             "the gradients and the mean loss")]
+        return CollectivePlan("dp", devices, tuple(cs))
+    if strategy == "fsdp":
+        for s in shapes:
+            if s[0] % devices:
+                raise ValueError(f"FSDP shards each parameter's first axis over {devices} devices; "
+                                 f"shape {tuple(s)} does not divide. Pick sizes that divide.")
+        cs = [Collective("all-gather", len(sizes), total, total,
+                         "each parameter gathered for the forward pass"),
+              Collective("reduce-scatter", len(sizes), total // devices, total,
+                         "each gradient summed and scattered back to its shard")]
+        return CollectivePlan("fsdp", devices, tuple(cs + loss))
+    if strategy == "tp":
+        if batch is None or d_out is None:
+            raise ValueError("tensor parallelism moves activations: pass batch= and d_out=")
+        act = batch * d_out * bytes_per_elem
+        return CollectivePlan("tp", devices, (Collective(
+            "all-reduce", 1, act, act, "the row-parallel layer's partial outputs [batch, d_out]"),))
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+
+
+def layer_bytes(strategy: str, d_model: int, d_ff: int, batch: int = 0,
+                bytes_per_elem: int = 2) -> float:
+    """Bytes one chip moves per transformer MLP layer per step, as the scaling book counts.
+
+    DP: ``8DF`` (all-reduce of two ``DxF`` bf16 gradients, each counted twice: ``2x2x2DF``);
+    FSDP: ``4DF + 8DF`` (forward all-gathers, then backward gather + reduce-scatter);
+    TP: ``4BD + 4BD`` (activations gathered and scattered, forward and backward).
+
+    >>> layer_bytes("dp", 1, 1), layer_bytes("fsdp", 1, 1), layer_bytes("tp", 1, 1, batch=1)
+    (8.0, 12.0, 8.0)
+    """
+    b = bytes_per_elem / 2  # the book's formulas assume bf16 (2 bytes)
+    if strategy == "dp":
+        return 8.0 * d_model * d_ff * b
+    if strategy == "fsdp":
+        return 12.0 * d_model * d_ff * b
+    if strategy == "tp":
+        return 8.0 * batch * d_model * b
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# what it costs
+
+#: On-demand and spot prices in USD per chip-hour (us-central regions), dated.
+#: UNVERIFIED: the course's search corpus holds no copy of https://cloud.google.com/tpu/pricing
+#: with per-chip prices (checked 2026-11-30); these are the list prices last published there
+#: as remembered by the author. Check the page before quoting them.
+PRICES_USD_PER_CHIP_HOUR: Mapping[str, Mapping[str, float]] = {
+    "v5e": {"on_demand": 1.20, "spot": 0.48},
+    "v5p": {"on_demand": 4.20, "spot": 1.68},
+    "v6e": {"on_demand": 2.70, "spot": 1.08},
+}
+PRICES_AS_OF = "2026-11-30"
+PRICES_SOURCE = "https://cloud.google.com/tpu/pricing (UNVERIFIED: not found in the stored copies)"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostEstimate:
+    """Chips x hours x price, and the model FLOP utilisation behind it."""
+
+    chip: str
+    chips: int
+    hours: float
+    usd_per_chip_hour: float
+    pricing: str
+    mfu: float | None = None
+
+    @property
+    def usd(self) -> float:
+        return self.chips * self.hours * self.usd_per_chip_hour
+
+    def __str__(self) -> str:
+        m = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
+        return (f"{self.chips} x {self.chip} for {self.hours:,.3g} h at ${self.usd_per_chip_hour:.2f}"
+                f"/chip-h ({self.pricing}, {PRICES_AS_OF}, unverified) = ${self.usd:,.2f}{m}")
+
+    __repr__ = __str__
+
+
+def mfu(model_flops_per_step: float, step_time_s: float, chips: int,
+        chip: hardware.Chip | str) -> float:
+    """Model FLOP utilisation: achieved model FLOP/s over ``chips x C``.
+
+    >>> round(mfu(197e12, 1.0, 2, "v5e"), 2)
+    0.5
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    return model_flops_per_step / step_time_s / (chips * chip.peak_bf16_flops_per_s)
+
+
+def training_cost(chip: str, chips: int, *, tokens: float | None = None, params: float | None = None,
+                  mfu_: float | None = None, hours: float | None = None,
+                  pricing: str = "on_demand") -> CostEstimate:
+    """Dollars for a job: either ``hours`` given, or from ``6 x params x tokens`` FLOPs at ``mfu_``.
+
+    ``hours = 6 P T / (chips x C x MFU) / 3600`` (training FLOPs ~ 6 per parameter per
+    token, PaLM appendix B via nanoGPT's ``estimate_mfu``).
+
+    >>> est = training_cost("v5e", 256, params=1e9, tokens=20e9, mfu_=0.4)
+    >>> round(est.hours, 2), round(est.usd)
+    (1.65, 508)
+    """
+    if chip not in PRICES_USD_PER_CHIP_HOUR:
+        raise KeyError(f"no price for {chip!r}; the table has {sorted(PRICES_USD_PER_CHIP_HOUR)}")
+    c = hardware.get(chip)
+    if hours is None:
+        if tokens is None or params is None or mfu_ is None:
+            raise ValueError("give hours=, or all of tokens=, params= and mfu_=")
+        hours = 6 * params * tokens / (chips * c.peak_bf16_flops_per_s * mfu_) / 3600
+    return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu_)
