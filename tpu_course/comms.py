@@ -362,10 +362,10 @@ def pipeline_bubble(stages: int, microbatches: int) -> float:
 class Collective:
     """One kind of collective in a step: how many arrays, and their bytes per device.
 
-    ``bytes`` is the sum over those arrays of the **result** each device holds (the
-    size XLA prints on the collective's HLO line): the full array for an all-gather or
-    all-reduce, the ``1/N`` shard for a reduce-scatter. ``v_bytes`` is the ``V`` of the
-    time formulas (for a reduce-scatter, ``N x bytes``).
+    ``bytes`` is the sum over those arrays of the **operand** each device contributes
+    (``tpu_course.hlo``'s convention): the ``1/N`` shard for an all-gather, the full
+    array for a reduce-scatter or all-reduce. ``v_bytes`` is the ``V`` of the time
+    formulas, the full array (for an all-gather, ``N x bytes``).
     """
 
     kind: str
@@ -449,8 +449,8 @@ def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterab
     >>> shapes = {"w1": (256, 1024), "w2": (1024, 256)}
     >>> print(collective_bytes("fsdp", shapes, devices=8))
     FSDP on 8 devices:
-      all-gather      x2     2,097,152 B/device  (each parameter gathered for the forward pass)
-      reduce-scatter  x2       262,144 B/device  (each gradient summed and scattered back to its shard)
+      all-gather      x2       262,144 B/device  (each parameter gathered for the forward pass)
+      reduce-scatter  x2     2,097,152 B/device  (each gradient summed and scattered back to its shard)
       all-reduce      x1             4 B/device  (the mean loss)
     >>> collective_bytes("dp", shapes, devices=8).by_kind()
     {'all-reduce': (3, 2097156)}
@@ -472,9 +472,9 @@ def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterab
             if s[0] % devices:
                 raise ValueError(f"FSDP shards each parameter's first axis over {devices} devices; "
                                  f"shape {tuple(s)} does not divide. Pick sizes that divide.")
-        cs = [Collective("all-gather", len(sizes), total, total,
+        cs = [Collective("all-gather", len(sizes), total // devices, total,
                          "each parameter gathered for the forward pass"),
-              Collective("reduce-scatter", len(sizes), total // devices, total,
+              Collective("reduce-scatter", len(sizes), total, total,
                          "each gradient summed and scattered back to its shard")]
         return CollectivePlan("fsdp", devices, tuple(cs + loss))
     if strategy == "tp":

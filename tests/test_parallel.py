@@ -1,0 +1,168 @@
+"""tpu_course.parallel on 8 simulated CPU devices (in a subprocess) and compile-only v5e.
+
+The reference for the collectives is tpu_course.comms (the cost model) set against what
+XLA compiled (tpu_course.hlo); the reference for the numbers is the single-device step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tpu_course import parallel
+
+
+def test_ring_schedule_sums_and_moves_2_n_minus_1_over_n():
+    for n in (2, 3, 5, 8):
+        frames = parallel.ring_schedule(n)
+        assert len(frames) == 2 * (n - 1) + 1
+        assert (frames[-1] == sum(10**i for i in range(n))).all()
+        # after the reduce-scatter phase, device i holds the full sum of chunk (i+1) mod n
+        mid = frames[n - 1]
+        assert all(mid[i, (i + 1) % n] == sum(10**k for k in range(n)) for i in range(n))
+
+
+def test_param_specs_tp_alternates_and_fsdp_divides():
+    from jax.sharding import PartitionSpec as P
+    params = {"a": {"kernel": np.zeros((8, 16)), "bias": np.zeros(16)},
+              "b": {"kernel": np.zeros((16, 8)), "bias": np.zeros(8)},
+              "c": {"kernel": np.zeros((8, 10)), "bias": np.zeros(10)}}
+    tp = parallel.param_specs("tp", params, "m", 8)
+    assert tp["a"]["kernel"] == P(None, "m") and tp["a"]["bias"] == P("m")
+    assert tp["b"]["kernel"] == P("m", None) and tp["b"]["bias"] == P()
+    assert tp["c"]["kernel"] == P()  # odd one out stays replicated
+    fsdp = parallel.param_specs("fsdp", params, "d", 8)
+    assert fsdp["a"]["kernel"] == P("d") and fsdp["c"]["bias"] == P()
+    assert fsdp["c"]["kernel"] == P("d")
+    with pytest.raises(ValueError, match="strategy"):
+        parallel.param_specs("zero3", params)
+
+
+HLO_VS_COMMS = """
+import json, jax
+from tpu_course import parallel, hlo, comms
+TARGET = {target!r}
+if TARGET:
+    mesh = parallel.make_mesh((8,), ("data",), hlo.tpu_topology(TARGET).devices)
+else:
+    mesh = parallel.cpu_mesh((8,), ("data",))
+B, D, F = 64, 256, 1024
+out = {{}}
+for strategy in ("dp", "fsdp", "tp"):
+    args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
+    rep = hlo.inspect(parallel.mlp_block_step(strategy, mesh), *args, target=TARGET)
+    got = parallel.observed_collectives(rep)
+    want = comms.collective_bytes(strategy, {{"w1": (D, F), "w2": (F, D)}}, devices=8,
+                                  batch=B, d_out=D).by_kind()
+    out[strategy] = [sorted(got.items()), sorted(want.items())]
+print(json.dumps(out))
+"""
+
+
+def _check(out):
+    for strategy, (got, want) in out.items():
+        assert got == want, f"{strategy}: compiled {got} vs predicted {want}"
+    assert [k for k, _ in out["fsdp"][0]] == ["all-gather", "all-reduce", "reduce-scatter"]
+
+
+def test_hlo_collectives_equal_cost_model_simulated_cpu(subprocess_runner):
+    _check(subprocess_runner(HLO_VS_COMMS.format(target=None), devices=8, timeout_s=240))
+
+
+def test_hlo_collectives_equal_cost_model_compile_only_v5e(subprocess_runner):
+    pytest.importorskip("libtpu")
+    _check(subprocess_runner(HLO_VS_COMMS.format(target="v5e:2x4"), devices=8, timeout_s=300))
+
+
+SHARDED_PARITY = """
+import json, jax, numpy as np
+from tpu_course import parallel
+mesh = parallel.cpu_mesh((8,), ("data",))
+params = parallel.mlp_block_params(32, 128, seed=0)
+rng = np.random.default_rng(1)
+xs = rng.standard_normal((4, 64, 32)).astype(np.float32)
+ys = np.tanh(xs[..., ::-1]).copy()
+ref = parallel.mlp_block_reference_step()
+p = {k: jax.numpy.asarray(v) for k, v in params.items()}
+ref_losses = []
+for x, y in zip(xs, ys):
+    p, l = ref(p, x, y); ref_losses.append(float(l))
+out = {"ref": ref_losses}
+for s in ("dp", "fsdp", "tp"):
+    pspec, xspec = parallel.mlp_block_specs(s)
+    q = parallel.place(params, mesh, pspec)
+    step = parallel.mlp_block_step(s, mesh)
+    losses = []
+    for x, y in zip(xs, ys):
+        xb = parallel.place(x, mesh, xspec); yb = parallel.place(y, mesh, xspec)
+        q, l = step(q, xb, yb); losses.append(float(l))
+    out[s] = losses
+    out[s + "_w1"] = float(np.abs(np.asarray(q["w1"]) - np.asarray(p["w1"])).max())
+# the psum ring
+from jax.sharding import PartitionSpec as P
+v = jax.numpy.asarray(rng.standard_normal((8, 37)).astype(np.float32))
+ring = parallel._shard_map(lambda a: parallel.ring_all_reduce(a, "data", 8), mesh, P("data"), P("data"))
+ps = parallel._shard_map(lambda a: jax.lax.psum(a, "data"), mesh, P("data"), P("data"))
+out["ring_err"] = float(np.abs(np.asarray(jax.jit(ring)(v)) - np.asarray(jax.jit(ps)(v))).max())
+# GPipe
+w = jax.numpy.asarray(rng.standard_normal((4, 8, 8)).astype(np.float32) / 3)
+mbs = jax.numpy.asarray(rng.standard_normal((6, 2, 8)).astype(np.float32))
+pmesh = parallel.cpu_mesh((4,), ("stage",))
+f = lambda wi, a: jax.numpy.tanh(a @ wi)
+outs, line = parallel.gpipe_forward(f, w, mbs, pmesh)
+seq = mbs
+for i in range(4):
+    seq = f(w[i], seq)
+out["pipe_err"] = float(np.abs(np.asarray(outs) - np.asarray(seq)).max())
+out["timeline"] = np.asarray(line).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_sharded_training_matches_single_device_ring_and_pipeline(subprocess_runner):
+    out = subprocess_runner(SHARDED_PARITY, devices=8, timeout_s=240)
+    for s in ("dp", "fsdp", "tp"):
+        np.testing.assert_allclose(out[s], out["ref"], rtol=1e-5, err_msg=s)
+        assert out[s + "_w1"] < 1e-5, s
+    assert out["ring_err"] < 1e-5
+    assert out["pipe_err"] < 1e-5
+    line = np.array(out["timeline"])
+    assert line.shape == (4, 6 + 4 - 1)
+    assert (line == -1).mean() == pytest.approx(3 / 9)  # (p-1)/(m+p-1)
+    assert line[0].tolist()[:6] == list(range(6)) and line[3].tolist()[3:] == list(range(6))
+
+
+CHAPTER5 = """
+import json, jax, numpy as np, optax
+from flax import nnx
+from tpu_course import parallel, models, train
+mesh = parallel.cpu_mesh((8,), ("data",))
+rng = np.random.default_rng(0)
+imgs = rng.integers(0, 255, (3, 64, 28, 28), dtype=np.uint8)
+labels = rng.integers(0, 10, (3, 64)).astype(np.int32)
+w = np.ones((64,), np.float32)
+tx = optax.sgd(0.05)
+out = {}
+for s in ("single", "dp", "fsdp", "tp"):
+    model = models.MLP(hidden=(128, 64), rngs=nnx.Rngs(0))
+    graphdef, state = train.init_state(model, tx)
+    step = train.make_train_step(graphdef, tx)
+    if s == "single":
+        f = jax.jit(step); put = lambda b: b
+    else:
+        f, ss, sb = parallel.make_sharded_train_step(step, s, state, mesh)
+        state = jax.device_put(state, ss)
+        put = lambda b: jax.device_put(b, sb)
+    losses = []
+    for i in range(3):
+        state, m = f(state, put(train.Batch(imgs[i], labels[i], w)))
+        losses.append(float(m["loss"]))
+    out[s] = losses
+print(json.dumps(out))
+"""
+
+
+def test_chapter5_model_sharded_three_ways_matches_single_device(subprocess_runner):
+    out = subprocess_runner(CHAPTER5, devices=8, timeout_s=240)
+    for s in ("dp", "fsdp", "tp"):
+        np.testing.assert_allclose(out[s], out["single"], rtol=2e-5, err_msg=s)

@@ -1,0 +1,579 @@
+"""Meshes and shardings: data parallelism, FSDP and tensor parallelism, and the rest of chapter 6.
+
+What is here:
+
+* :func:`make_mesh` / :func:`cpu_mesh`: a ``jax.sharding.Mesh`` for the runtime at hand.
+  The axis types are chosen on purpose: ``explicit=False`` (the default here) gives
+  ``AxisType.Auto`` axes, where ``jit`` with ``in_shardings``/``out_shardings`` lets XLA's
+  partitioner decide the collectives (the classic "GSPMD" mode the chapter inspects);
+  ``explicit=True`` gives ``AxisType.Explicit`` axes (JAX 0.8+'s ``jax.make_mesh``
+  default), where shardings are part of each array's type.
+* :func:`param_specs` / :func:`shard_train_state` / :func:`make_sharded_train_step`:
+  the ``PartitionSpec`` of every parameter (and optimizer moment) under ``"dp"``
+  (replicated), ``"fsdp"`` (first divisible axis sharded) or ``"tp"`` (Megatron:
+  alternate layers split by columns then rows), and the chapter-5 train step jitted
+  with those shardings. The step is unchanged: only the layouts differ.
+* :func:`mlp_block_step`: the same three strategies written by hand with ``shard_map``
+  for a two-matrix MLP block, so that every collective is one we asked for; its HLO is
+  what ``tpu_course.comms.collective_bytes`` predicts exactly.
+* :func:`ring_all_reduce`: an all-reduce built from ``ppermute`` (reduce-scatter then
+  all-gather around a ring), equal to ``psum``; :func:`ring_schedule` is its step-by-step
+  picture in numpy.
+* :func:`gpipe_forward`: a GPipe forward pass over a ``stage`` axis, returning the
+  timeline of which stage worked on which micro-batch at each tick (the bubble).
+* :func:`launch_local`: run this module's multi-process worker (``python -m
+  tpu_course.parallel``) as several processes on 127.0.0.1 with ``jax.distributed``
+  and gloo CPU collectives, with a hard timeout.
+
+Importing this module imports JAX but starts no backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+STRATEGIES = ("dp", "fsdp", "tp")
+
+
+# ------------------------------------------------------------------------------ meshes
+
+
+def _axis_types(n: int, explicit: bool) -> dict:
+    axis_type = getattr(jax.sharding, "AxisType", None)
+    if axis_type is None:  # very old JAX: every axis is what is now called Auto
+        if explicit:
+            raise RuntimeError(f"jax {jax.__version__} has no explicit sharding; upgrade JAX")
+        return {}
+    return {"axis_types": ((axis_type.Explicit if explicit else axis_type.Auto),) * n}
+
+
+def make_mesh(shape: Sequence[int], names: Sequence[str], devices: Sequence[Any] | None = None,
+              *, explicit: bool = False) -> Mesh:
+    """A mesh of ``shape`` named ``names`` over ``devices`` (default: ``jax.devices()``).
+
+    With no ``devices`` this is ``jax.make_mesh`` (which orders real TPU chips so that
+    mesh axes follow the torus); with ``devices`` (e.g. compile-only TPU devices, or the
+    simulated CPU devices beside a real accelerator) they are used in the order given.
+
+    Raises:
+        ValueError: the shape needs more devices than there are.
+    """
+    shape, names = tuple(shape), tuple(names)
+    if len(shape) != len(names):
+        raise ValueError(f"mesh shape {shape} and axis names {names} differ in length")
+    kwargs = _axis_types(len(shape), explicit)
+    n = int(np.prod(shape))
+    if devices is None:
+        have = jax.device_count()
+        if n > have:
+            raise ValueError(f"a {shape} mesh needs {n} devices, JAX sees {have}. On a CPU call "
+                             "tpu_course.runtime.simulate_devices(8) before JAX starts.")
+        return jax.make_mesh(shape, names, **kwargs)
+    devices = list(devices)
+    if n > len(devices):
+        raise ValueError(f"a {shape} mesh needs {n} devices, {len(devices)} were given")
+    return Mesh(np.asarray(devices[:n], dtype=object).reshape(shape), names, **kwargs)
+
+
+def cpu_mesh(shape: Sequence[int] = (8,), names: Sequence[str] = ("data",), *,
+             explicit: bool = False) -> Mesh:
+    """A mesh of the (simulated) CPU devices: the tier that runs everywhere.
+
+    On a TPU or GPU runtime the simulated devices sit on the CPU platform beside the
+    accelerator; this picks them explicitly.
+    """
+    return make_mesh(shape, names, jax.devices("cpu"), explicit=explicit)
+
+
+def layout(array: jax.Array) -> np.ndarray:
+    """Which device holds each block of a 1D or 2D array: an array of device ids per block.
+
+    The blocks are the shards of ``array.sharding``; a replicated block lists the lowest id.
+    """
+    index_map = array.sharding.devices_indices_map(array.shape)
+    starts: dict[tuple, int] = {}
+    for dev, idx in index_map.items():
+        key = tuple((s.start or 0) for s in idx)
+        starts[key] = min(starts.get(key, dev.id), dev.id)
+    rows = sorted({k[0] for k in starts})
+    if array.ndim == 1:
+        return np.array([starts[(r,)] for r in rows])
+    cols = sorted({k[1] for k in starts})
+    return np.array([[starts[(r, c)] for c in cols] for r in rows])
+
+
+# ---------------------------------------------------------------- shardings of a model
+
+
+def _key(entry: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+def param_specs(strategy: str, params: Any, axis: str = "data", axis_size: int | None = None) -> Any:
+    """The ``PartitionSpec`` of every leaf of ``params`` under a strategy.
+
+    * ``"dp"``: every parameter replicated, ``P()``.
+    * ``"fsdp"``: the first axis divisible by ``axis_size`` sharded over ``axis``
+      (parameters too small to split stay replicated).
+    * ``"tp"``: Megatron. The 2D kernels in order alternate column-split
+      ``P(None, axis)`` and row-split ``P(axis, None)``; a column layer's bias is split
+      with it, a row layer's bias replicated. The last layer is left replicated when the
+      count of 2D kernels is odd (its width is usually the 10 classes).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    n = axis_size or 1
+    if strategy == "dp":
+        return jax.tree_util.tree_unflatten(treedef, [P() for _ in leaves])
+    if strategy == "fsdp":
+        specs = []
+        for _, x in leaves:
+            dims = [d for d, s in enumerate(np.shape(x)) if s % n == 0 and s >= n]
+            specs.append(P(*([None] * dims[0] + [axis])) if dims and n > 1 else P())
+        return jax.tree_util.tree_unflatten(treedef, specs)
+    parents = []  # layers in order of their 2D kernel
+    for path, x in leaves:
+        if np.ndim(x) == 2:
+            parents.append(tuple(_key(p) for p in path[:-1]))
+    usable = len(parents) - (len(parents) % 2)
+    role = {p: ("col" if i % 2 == 0 else "row") for i, p in enumerate(parents[:usable])}
+    specs = []
+    for path, x in leaves:
+        r = role.get(tuple(_key(p) for p in path[:-1]))
+        if r is None:
+            specs.append(P())
+        elif np.ndim(x) == 2:
+            specs.append(P(None, axis) if r == "col" else P(axis, None))
+        else:
+            specs.append(P(axis) if r == "col" else P())
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _specs_like(tree: Any, params: Any, pspecs: Any) -> Any:
+    """Specs for an optimizer state: a leaf whose path ends with a parameter's path (and has
+    its shape) gets that parameter's spec; everything else (counters) is replicated."""
+    table = {}
+    for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                               jax.tree_util.tree_leaves(pspecs, is_leaf=lambda s: isinstance(s, P))):
+        table[tuple(_key(p) for p in path)] = (np.shape(x), spec)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    out = []
+    for path, x in leaves:
+        keys = tuple(_key(p) for p in path)
+        spec = P()
+        for k in range(len(keys)):
+            hit = table.get(keys[k:])
+            if hit and hit[0] == np.shape(x):
+                spec = hit[1]
+                break
+        out.append(spec)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def state_shardings(strategy: str, state: Any, mesh: Mesh, axis: str | None = None) -> Any:
+    """``NamedSharding`` for every leaf of a chapter-5 ``TrainState`` (params and moments)."""
+    axis = axis or mesh.axis_names[0]
+    pspecs = param_specs(strategy, state.params, axis, mesh.shape[axis])
+    specs = type(state)(P(), pspecs, _specs_like(state.opt_state, state.params, pspecs))
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
+
+
+def batch_spec(strategy: str, axis: str) -> P:
+    """DP and FSDP split the batch over ``axis``; TP gives every device the whole batch."""
+    return P() if strategy == "tp" else P(axis)
+
+
+def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mesh,
+                            axis: str | None = None) -> tuple[Callable, Any, Any]:
+    """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's shardings.
+
+    Returns ``(jitted_step, state_sharding, batch_sharding)``; place the state with
+    ``jax.device_put(state, state_sharding)`` and each batch with ``batch_sharding``.
+    XLA inserts the collectives the layouts imply: for DP an all-reduce of the
+    gradients, for FSDP all-gathers of the parameters (and, on TPU, reduce-scatters of
+    the gradients), for TP all-reduces of activations.
+    """
+    axis = axis or mesh.axis_names[0]
+    s_state = state_shardings(strategy, state, mesh, axis)
+    s_batch = NamedSharding(mesh, batch_spec(strategy, axis))
+    rep = NamedSharding(mesh, P())
+    jitted = jax.jit(step, in_shardings=(s_state, s_batch), out_shardings=(s_state, rep))
+    return jitted, s_state, s_batch
+
+
+# ------------------------------------------------- the MLP block, collectives by hand
+
+
+def mlp_block_params(d_model: int, d_ff: int, seed: int = 0, dtype: Any = jnp.float32) -> dict:
+    """Parameters ``{'w1': [D, F], 'w2': [F, D]}`` of a two-matrix MLP block (numpy, seeded)."""
+    rng = np.random.default_rng(seed)
+    return {"w1": (rng.standard_normal((d_model, d_ff)) / np.sqrt(d_model)).astype(dtype),
+            "w2": (rng.standard_normal((d_ff, d_model)) / np.sqrt(d_ff)).astype(dtype)}
+
+
+def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array) -> jax.Array:
+    """``relu(x @ w1) @ w2``: the feed-forward block of a transformer layer.
+
+    The matmuls ask for ``Precision.HIGHEST`` (true fp32). With the default precision the
+    TPU compiler feeds the matrix units bf16 and, seeing that, moves the conversion
+    before FSDP's all-gathers: they then move half the bytes the fp32 parameters would.
+    The chapter shows that case too; the exact-match tests use full precision.
+    """
+    hi = jax.lax.Precision.HIGHEST
+    return jnp.matmul(jax.nn.relu(jnp.matmul(x, w1, precision=hi)), w2, precision=hi)
+
+
+def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
+    """(parameter specs, batch spec) of :func:`mlp_block_step` under a strategy."""
+    if strategy == "dp":
+        return {"w1": P(), "w2": P()}, P(axis)
+    if strategy == "fsdp":
+        return {"w1": P(axis), "w2": P(axis)}, P(axis)
+    if strategy == "tp":
+        return {"w1": P(None, axis), "w2": P(axis, None)}, P()
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+
+
+def _shard_map(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
+    sm = getattr(jax, "shard_map", None)
+    if sm is not None:
+        return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    from jax.experimental.shard_map import shard_map  # JAX < 0.7
+
+    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
+def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None) -> Callable:
+    """One SGD step on the MSE of :func:`mlp_block`, with the strategy's collectives written out.
+
+    ``step(params, x, y) -> (params, loss)``, jitted, under ``shard_map``:
+
+    * ``"dp"``: the loss is ``pmean``-ed (an all-reduce of a scalar); differentiating
+      through it sums the replicated weights' gradients over devices (one all-reduce).
+    * ``"fsdp"``: each weight ``all_gather``-ed before use; JAX's transpose of that
+      all-gather is a ``psum_scatter``, so the gradients come back as reduce-scatters.
+    * ``"tp"``: ``w1`` split by columns, ``w2`` by rows; one ``psum`` (all-reduce) of the
+      ``[batch, d_model]`` partial outputs. The batch is replicated.
+
+    Every device ends with the same loss as the single-device step (up to float
+    rounding): the sharded runs compute the same mathematics.
+    """
+    axis = axis or mesh.axis_names[0]
+    pspec, xspec = mlp_block_specs(strategy, axis)
+
+    def local_loss(p, x, y):
+        if strategy == "fsdp":
+            w1 = jax.lax.all_gather(p["w1"], axis, tiled=True)
+            w2 = jax.lax.all_gather(p["w2"], axis, tiled=True)
+            out = mlp_block(w1, w2, x)
+        elif strategy == "tp":
+            out = jax.lax.psum(mlp_block(p["w1"], p["w2"], x), axis)
+        else:
+            out = mlp_block(p["w1"], p["w2"], x)
+        loss = jnp.mean((out - y) ** 2)
+        return loss if strategy == "tp" else jax.lax.pmean(loss, axis)
+
+    def local_step(p, x, y):
+        # No explicit pmean of the gradients: the parameters are replicated (invariant
+        # over the axis) while the loss came from sharded data, so JAX's transpose of that
+        # broadcast is a psum: the all-reduce of data parallelism appears by itself.
+        loss, g = jax.value_and_grad(local_loss)(p, x, y)
+        return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
+
+    fn = _shard_map(local_step, mesh, (pspec, xspec, xspec), (pspec, P()))
+    return jax.jit(fn)
+
+
+def mlp_block_reference_step(lr: float = 0.1) -> Callable:
+    """The single-device step that :func:`mlp_block_step` must match."""
+
+    def step(p, x, y):
+        loss, g = jax.value_and_grad(lambda q: jnp.mean((mlp_block(q["w1"], q["w2"], x) - y) ** 2))(p)
+        return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
+
+    return jax.jit(step)
+
+
+def observed_collectives(report: Any, distinct: bool | None = None) -> dict[str, tuple[int, int]]:
+    """``{kind: (arrays, bytes per device)}`` of the collectives in a ``tpu_course.hlo`` report.
+
+    The same shape as ``tpu_course.comms.CollectivePlan.by_kind()``, so a prediction and
+    the compiled program compare with ``==``. Bytes are operand bytes per device.
+
+    ``distinct`` (default: on for compile-only TPU reports) counts each distinct
+    ``(kind, shape, dtype, replica groups)`` once: the TPU compiler splits one
+    asynchronous all-gather across the start, body and end computations of an "async
+    collective fusion", so the HLO text holds the same all-gather up to three times.
+    Leave it off where two parameters share a shape on purpose.
+    """
+    if distinct is None:
+        distinct = bool(getattr(report, "compile_only", False))
+    seen = set()
+    out: dict[str, tuple[int, int]] = {}
+    for c in report.collectives:
+        key = (c.kind, tuple(c.shape), str(c.dtype), c.replica_groups)
+        if distinct and key in seen:
+            continue
+        seen.add(key)
+        a, b = out.get(c.kind, (0, 0))
+        out[c.kind] = (a + 1, b + int(c.bytes))
+    return out
+
+
+def mlp_block_abstract(strategy: str, mesh: Mesh, batch: int, d_model: int, d_ff: int,
+                       dtype: Any = jnp.float32) -> tuple[dict, Any, Any]:
+    """``ShapeDtypeStruct`` arguments ``(params, x, y)`` of :func:`mlp_block_step`, with their
+    shardings: enough to compile it (``tpu_course.hlo.inspect``) without any data."""
+    pspec, xspec = mlp_block_specs(strategy, mesh.axis_names[0])
+
+    def sds(shape, spec):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+
+    params = {"w1": sds((d_model, d_ff), pspec["w1"]), "w2": sds((d_ff, d_model), pspec["w2"])}
+    return params, sds((batch, d_model), xspec), sds((batch, d_model), xspec)
+
+
+def place(tree: Any, mesh: Mesh, specs: Any) -> Any:
+    """``jax.device_put`` every leaf of ``tree`` with the matching ``PartitionSpec``."""
+    return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs,
+                        is_leaf=lambda s: isinstance(s, P))
+
+
+# -------------------------------------------------------------- a ring from ppermute
+
+
+def ring_all_reduce(x: jax.Array, axis: str, axis_size: int) -> jax.Array:
+    """Sum ``x`` over ``axis`` with a ring of ``ppermute``s (call inside ``shard_map``).
+
+    The array is cut into ``n`` chunks. Reduce-scatter: for ``n-1`` steps every device
+    sends one chunk to its right-hand neighbour, which adds it to its own copy; after
+    that device ``i`` holds the full sum of chunk ``(i+1) mod n``. All-gather: ``n-1``
+    more steps pass the finished chunks around. Each device sends ``2 (n-1)/n`` of the
+    array in all, the ring all-reduce's cost (``tpu_course.comms.all_reduce_time``).
+    """
+    n = axis_size
+    if n == 1:
+        return x
+    flat = x.reshape(-1)
+    pad = (-flat.size) % n
+    chunks = jnp.pad(flat, (0, pad)).reshape(n, -1)
+    me = jax.lax.axis_index(axis)
+    right = [(i, (i + 1) % n) for i in range(n)]
+    for s in range(n - 1):  # reduce-scatter
+        send = chunks[(me - s) % n]
+        got = jax.lax.ppermute(send, axis, right)
+        chunks = chunks.at[(me - 1 - s) % n].add(got)  # the chunk index travels with it
+    for s in range(n - 1):  # all-gather
+        send = chunks[(me + 1 - s) % n]
+        got = jax.lax.ppermute(send, axis, right)
+        chunks = chunks.at[(me - s) % n].set(got)
+    return chunks.reshape(-1)[: flat.size].reshape(x.shape)
+
+
+def ring_schedule(n: int) -> list[np.ndarray]:
+    """The ring all-reduce step by step, in numpy: what each device holds of each chunk.
+
+    Device ``i`` starts with value ``10**i`` in every chunk (so a sum shows who
+    contributed). Returns ``2(n-1)+1`` arrays ``[device, chunk]``: the start, then one per
+    step. At the end every entry is ``sum(10**i)``.
+
+    >>> ring_schedule(3)[-1]
+    array([[111, 111, 111],
+           [111, 111, 111],
+           [111, 111, 111]])
+    """
+    state = np.array([[10**i] * n for i in range(n)], dtype=np.int64)
+    frames = [state.copy()]
+    for s in range(n - 1):
+        new = state.copy()
+        for i in range(n):
+            new[(i + 1) % n, (i - s) % n] += state[i, (i - s) % n]
+        state = new
+        frames.append(state.copy())
+    for s in range(n - 1):
+        new = state.copy()
+        for i in range(n):
+            new[(i + 1) % n, (i + 1 - s) % n] = state[i, (i + 1 - s) % n]
+        state = new
+        frames.append(state.copy())
+    return frames
+
+
+# ------------------------------------------------------------------- a GPipe pipeline
+
+
+def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax.Array,
+                  mesh: Mesh, axis: str = "stage") -> tuple[jax.Array, jax.Array]:
+    """Run a GPipe forward pass: stage ``s`` (device ``s`` on ``axis``) applies its layer.
+
+    ``stage_params`` has a leading axis of size ``p`` (one slice per stage),
+    ``microbatches`` is ``[m, ...]``. At tick ``t`` stage ``s`` works on micro-batch
+    ``t - s`` when ``0 <= t - s < m``, then passes its output to stage ``s + 1`` with a
+    ``ppermute``. There are ``m + p - 1`` ticks.
+
+    Returns ``(outputs [m, ...], timeline [p, m + p - 1])`` where the timeline holds the
+    micro-batch each stage worked on at each tick, or ``-1`` when it sat idle: the
+    bubble, ``(p-1)/(m+p-1)`` of the cells (``tpu_course.comms.pipeline_bubble``).
+    """
+    p = mesh.shape[axis]
+    m = microbatches.shape[0]
+    ticks = m + p - 1
+
+    def local(w, mbs):
+        w = w[0]
+        s = jax.lax.axis_index(axis)
+        carry = jnp.zeros_like(mbs[0])
+        outs = jnp.zeros_like(mbs)
+        line = []
+        for t in range(ticks):
+            k = t - s
+            active = (k >= 0) & (k < m)
+            inp = jnp.where(s == 0, mbs[jnp.clip(t, 0, m - 1)], carry)
+            y = jnp.where(active, stage_fn(w, inp), jnp.zeros_like(inp))
+            outs = jnp.where(active & (s == p - 1), outs.at[jnp.clip(k, 0, m - 1)].set(y), outs)
+            line.append(jnp.where(active, k, -1))
+            carry = jax.lax.ppermute(y, axis, [(i, i + 1) for i in range(p - 1)])
+        outs = jax.lax.psum(outs, axis)  # only the last stage wrote: the sum is its outputs
+        return outs, jnp.stack(line)[None]
+
+    fn = _shard_map(local, mesh, (P(axis), P()), (P(), P(axis)))
+    return jax.jit(fn)(stage_params, microbatches)
+
+
+# ----------------------------------------------------------------- several processes
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(num_processes: int = 2, local_devices: int = 2, steps: int = 5,
+                 timeout_s: float = 120.0, extra_args: Sequence[str] = ()) -> list[dict]:
+    """Run the multi-process worker as ``num_processes`` processes on 127.0.0.1.
+
+    Each process is ``python -m tpu_course.parallel --process-id i ...`` with
+    ``local_devices`` CPU devices, joined by ``jax.distributed.initialize`` through a
+    coordinator on a free port, with gloo CPU collectives. Returns each process's JSON
+    result. If any process fails or the run exceeds ``timeout_s``, every process is
+    killed and ``RuntimeError`` says which rank did what (a hung rank fails, never hangs).
+
+    On a TPU pod slice the same worker runs once per host, started on all hosts at once::
+
+        gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all \\
+            --command="python -m tpu_course.parallel --steps 5"
+
+    (there ``jax.distributed.initialize()`` needs no arguments: it reads the slice's
+    metadata).
+    """
+    port = free_port()
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    procs = []
+    for i in range(num_processes):
+        cmd = [sys.executable, "-m", "tpu_course.parallel", "--coordinator", f"127.0.0.1:{port}",
+               "--num-processes", str(num_processes), "--process-id", str(i),
+               "--steps", str(steps), *extra_args]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+    deadline = time.monotonic() + timeout_s
+    outs: list[tuple[str, str]] = [("", "")] * num_processes
+    try:
+        for i, proc in enumerate(procs):
+            left = max(deadline - time.monotonic(), 0.1)
+            outs[i] = proc.communicate(timeout=left)
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        raise RuntimeError(f"multi-process run exceeded {timeout_s:.0f} s; all {num_processes} "
+                           "processes killed (a rank hung: check the coordinator port and "
+                           "that every rank started)") from None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    results = []
+    for i, (proc, (out, err)) in enumerate(zip(procs, outs)):
+        if proc.returncode != 0:
+            raise RuntimeError(f"process {i} exited with {proc.returncode}:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def multihost_problem(seed: int = 0, batch: int = 32, d_model: int = 16, d_ff: int = 64,
+                      steps: int = 5) -> tuple[dict, np.ndarray, np.ndarray]:
+    """The small regression every process (and the single-process reference) trains on."""
+    params = mlp_block_params(d_model, d_ff, seed)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((steps, batch, d_model)).astype(np.float32)
+    y = np.tanh(x @ rng.standard_normal((d_model, d_model)).astype(np.float32))
+    return params, x, y
+
+
+def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
+                        process_count: int = 1, lr: float = 0.1) -> dict:
+    """DP training of the MLP block over every device of ``mesh`` (all processes).
+
+    Each process holds only its slice of every global batch and hands it to
+    ``jax.make_array_from_process_local_data``, which assembles the global array.
+    """
+    params, x, y = multihost_problem(steps=steps)
+    axis = mesh.axis_names[0]
+    pspec, xspec = mlp_block_specs("dp", axis)
+    step = mlp_block_step("dp", mesh, lr)
+    p = place(params, mesh, pspec)
+    sharding = NamedSharding(mesh, xspec)
+    per = x.shape[1] // process_count
+    rows = slice(process_index * per, (process_index + 1) * per)
+    losses = []
+    for t in range(steps):
+        xb = jax.make_array_from_process_local_data(sharding, x[t, rows], x.shape[1:])
+        yb = jax.make_array_from_process_local_data(sharding, y[t, rows], y.shape[1:])
+        p, loss = step(p, xb, yb)
+        losses.append(float(loss))
+    from jax.experimental import multihost_utils
+
+    w1 = np.asarray(multihost_utils.process_allgather(p["w1"], tiled=True))
+    return {"losses": losses, "w1_sum": float(np.sum(w1, dtype=np.float64))}
+
+
+def _main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Chapter 6 multi-process worker: DP training "
+                                 "of an MLP block with jax.distributed.")
+    ap.add_argument("--coordinator", default=None, help="host:port of process 0 (omit on a TPU pod)")
+    ap.add_argument("--num-processes", type=int, default=None)
+    ap.add_argument("--process-id", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=5)
+    a = ap.parse_args(argv)
+    if a.coordinator and jax.devices.__module__ and "cpu" in os.environ.get("JAX_PLATFORMS", "cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+    mesh = make_mesh((jax.device_count(),), ("data",))
+    out = train_data_parallel(mesh, a.steps, jax.process_index(), jax.process_count())
+    out.update(process_index=jax.process_index(), process_count=jax.process_count(),
+               local_devices=jax.local_device_count(), global_devices=jax.device_count())
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
