@@ -183,8 +183,12 @@ class SystolicRun:
 
     @property
     def utilization(self) -> float:
-        """Useful MACs / (cells x cycles): the fraction of the array's MAC slots used."""
-        return self.useful_macs / (self.rows * self.cols * self.cycles)
+        """Useful MACs / (cells x cycles): the fraction of the array's MAC slots used.
+
+        (SCALE-Sim reports 0 cycles for a 1x1x1 output-stationary product on a 1x1
+        array; the count is then taken as 1.)
+        """
+        return self.useful_macs / (self.rows * self.cols * max(self.cycles, 1))
 
     @property
     def mapping_efficiency(self) -> float:
@@ -201,7 +205,7 @@ class SystolicRun:
     def peak_utilization(self) -> float:
         """The busiest cycle's useful MACs / cells: 1.0 only when a full, unpadded tile
         fills the whole pipeline."""
-        return float(self.macs_per_cycle.max()) / (self.rows * self.cols) if self.cycles else 0.0
+        return float(self.macs_per_cycle.max()) / (self.rows * self.cols)
 
     @property
     def operand_reads(self) -> int:
@@ -382,7 +386,7 @@ def utilization(M: int, K: int, N: int, rows: int, cols: int, dataflow: str = "w
     >>> round(utilization(100, 100, 100, 128, 128), 3), round(utilization(10_000, 10_000, 10_000, 128, 128), 3)
     (0.127, 0.978)
     """
-    return M * K * N / (rows * cols * cycle_count(M, K, N, rows, cols, dataflow, timing))
+    return M * K * N / (rows * cols * max(1, cycle_count(M, K, N, rows, cols, dataflow, timing)))
 
 
 # --------------------------------------------------------------------------------------
