@@ -398,3 +398,24 @@ def critical_intensity(chip: Chip, dtype: str = "bf16") -> float:
     if peak is None:
         raise ValueError(f"{chip.display_name} has no published {dtype} peak in the table")
     return peak / chip.hbm_bytes_per_s
+
+
+def table(chip_names: list[str] | None = None) -> str:
+    """A plain-text table of the main figures for ``chip_names`` (default: all rows).
+
+    >>> print(table(["v5e", "h100"]))
+    chip  bf16 TFLOP/s  HBM GB  HBM GB/s     MXUs  FLOP/byte
+    ----  ------------  ------  --------     ----  ---------
+    v5e            197      16       819  4 x 128        241
+    h100           989      80     3,350        -        295
+    """
+    rows = [("chip", "bf16 TFLOP/s", "HBM GB", "HBM GB/s", "MXUs", "FLOP/byte"),
+            ("----", "------------", "------", "--------", "----", "---------")]
+    for name in chip_names or names():
+        c = get(name)
+        mxu = f"{c.mxu_count} x {c.mxu_size}" if c.mxu_count else "-"
+        rows.append((c.name, f"{c.peak_bf16_flops_per_s / 1e12:,.0f}", f"{c.hbm_bytes / 1e9:,.0f}",
+                     f"{c.hbm_bytes_per_s / 1e9:,.0f}", mxu, f"{critical_intensity(c):,.0f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in
+                               enumerate(zip(r, widths))).rstrip() for r in rows)

@@ -11,16 +11,53 @@ lets ``simulate_devices`` run after ``import tpu_course``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import sys
-from typing import Any
+import tempfile
+from typing import Any, Iterator
 
 from tpu_course import hardware
 
 _FLAG = "--xla_force_host_platform_device_count"
 TPU_LOCKFILE = "/tmp/libtpu_lockfile"
+
+
+# What libtpu prints (straight to file descriptor 2) when it is installed on a machine
+# without a TPU: harmless, but it would land in every notebook's first output.
+_LIBTPU_NOISE = re.compile(
+    r"could not determine TPU|Logging before InitGoogle|unexpected worker hostname|"
+    r"Source Location Trace|tfrc/runtime|Failed to find host bounds|TPU_WORKER_HOSTNAMES"
+)
+
+
+@contextlib.contextmanager
+def quiet_libtpu() -> Iterator[None]:
+    """Drop libtpu's start-up warnings on machines without a TPU; pass all else through.
+
+    libtpu (the ``jax[tpu]`` extra, needed for compile-only TPU targets) looks for TPU
+    metadata when JAX starts or a TPU topology is built, and writes warnings to file
+    descriptor 2 when there is none. This captures that descriptor for the duration,
+    then re-emits every line that is not one of those known warnings.
+    """
+    fd = 2  # where C libraries write; ipykernel's sys.stderr.fileno() may be a copy
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+    kept = [line for line in text.splitlines() if line.strip() and not _LIBTPU_NOISE.search(line)]
+    if kept:
+        print("\n".join(kept), file=sys.stderr)
 
 
 class TooLateError(RuntimeError):
@@ -143,7 +180,8 @@ def describe() -> Runtime:
     """Describe the runtime JAX sees. Starts JAX's backend if it has not started yet."""
     import jax
 
-    devices = jax.devices()
+    with quiet_libtpu():
+        devices = jax.devices()
     first = devices[0]
     platform = first.platform if first.platform in ("tpu", "gpu", "cpu") else "gpu"
     if platform == "gpu" or first.platform in ("cuda", "rocm"):

@@ -1,0 +1,222 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 2: Getting a TPU and a first JAX program
+#
+# Chapter 1 built a matrix unit out of multiply-accumulate cells. This chapter finds a
+# real one and talks to it: which runtime this notebook is on, how to get a TPU, how data
+# travels from the host to the chip's memory and back, why JAX calls return before the
+# work is done, and how fast a first matmul runs compared with the chip's peak.
+#
+# **Notation.** *Host*: the CPU and its memory that run Python. *Device*: one chip (or
+# one TensorCore) that JAX sees. *HBM*: the device's high-bandwidth memory.
+
+# %%
+# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
+# jax, jaxlib and libtpu; where the package is already installed it does nothing.
+import importlib.metadata, importlib.util, subprocess, sys
+if importlib.util.find_spec("tpu_course") is None:
+    keep = [f"{p}=={importlib.metadata.version(p)}" for p in ("jax", "jaxlib", "libtpu")
+            if importlib.util.find_spec(p)]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
+                    "tpu-course @ git+https://github.com/tpu-course/tpu-course"], check=True)
+
+# %% [markdown]
+# ## 1. Which runtime am I on?
+#
+# `runtime.describe()` asks JAX what its default backend is and maps the device kind it
+# reports to a row of the course's hardware table. Every notebook prints this banner, so
+# every output below it can be traced to the machine that made it.
+
+# %%
+from tpu_course import runtime
+
+rt = runtime.describe()
+print(rt.banner())
+
+# %% tags=["nbval-ignore-output"]
+# The same facts field by field (they differ from runtime to runtime, so nbval skips them)
+print(f"platform={rt.platform!r} device_kind={rt.device_kind!r} devices={rt.device_count} "
+      f"processes={rt.process_count} generation={rt.generation!r} host={rt.host!r}")
+print(rt.chip.summary() if rt.chip else "No accelerator in the hardware table: this is "
+      "a CPU (or an unknown chip), so there is no peak to compare against.")
+
+# %% [markdown]
+# The hardware table carries one row per accelerator, every number with its source
+# (`hardware.SOURCES`), per chip (not per TensorCore). The last column is the chip's
+# *critical intensity*, peak FLOP/s divided by HBM bytes/s: chapter 4 builds the
+# roofline from it.
+
+# %%
+from tpu_course import hardware
+
+print(hardware.table())
+
+# %% [markdown]
+# ## 2. Getting a TPU
+#
+# | where | what you get | how |
+# | --- | --- | --- |
+# | Colab | one TPU chip (the generation varies: v2-8 on older runtimes, v5e-1 or v6e-1 now) | Runtime > Change runtime type > TPU |
+# | Kaggle | a TPU v5e-8 (8 chips, one host), weekly quota | Notebook settings > Accelerator > TPU |
+# | Cloud TPU VM | any slice you pay for, from 1 chip to a pod | `gcloud`, below |
+#
+# A Cloud TPU VM is a Linux machine with the chips attached; you `ssh` in and run the same
+# notebooks. The commands, as text (run them in a terminal with the Google Cloud CLI, not
+# here):
+#
+# ```bash
+# # one v5e chip, spot (preemptible, much cheaper, may be taken back at any moment)
+# gcloud compute tpus tpu-vm create my-tpu --zone=us-central1-a \
+#     --accelerator-type=v5litepod-1 --version=v2-alpha-tpuv5-lite --spot
+# gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central1-a
+# # ... pip install jax[tpu], clone the course, `make lab` ...
+# gcloud compute tpus tpu-vm delete my-tpu --zone=us-central1-a   # stop paying
+#
+# # or ask the queue to create it when capacity appears
+# gcloud compute tpus queued-resources create my-request --node-id=my-tpu \
+#     --zone=us-central1-a --accelerator-type=v5litepod-8 \
+#     --runtime-version=v2-alpha-tpuv5-lite --spot
+# ```
+#
+# TPUs are a scarce resource per zone. When a zone has none left, `create` fails at once
+# with *Error code 8: "There is no more capacity in the zone ..."*; the answer is another
+# zone that offers that generation, or a queued resource, which waits instead of failing.
+# Spot VMs cost less because they can be reclaimed: save checkpoints (chapter 5).
+#
+# ### What it costs
+# A small price table lives in `tpu_course.comms`, with its date and source. Cloud prices
+# change and vary by region: treat the figures as an estimate and check the pricing page
+# before you spend money.
+
+# %%
+from tpu_course import comms
+
+print(f"Prices as of {comms.PRICES_AS_OF}, source: {comms.PRICES_SOURCE}")
+workshop = comms.training_cost("v5e", 20, hours=3, pricing="spot")  # 20 learners x 1 chip x 3 h
+one_day = comms.training_cost("v6e", 8, hours=24, pricing="on_demand")  # a v6e-8 for a day
+print("a workshop:", workshop)
+print("a day of v6e-8:", one_day)
+
+# %% [markdown]
+# ## 3. The path of the data: host -> HBM -> compute -> host
+#
+# NumPy arrays live in host memory. `jax.device_put` copies one to the device's HBM; the
+# matrix units only ever read HBM (through on-chip memory); reading a result back with
+# `np.asarray` copies it to the host again. On a TPU or GPU both copies cross PCIe (or a
+# similar link), which is far slower than HBM: data that stays on the device is the first
+# rule of keeping a chip busy.
+#
+# `transfer.measure_transfers` times both directions over a sweep of sizes, each point the
+# median of several runs, waiting for every copy to finish. Small copies are dominated by
+# a fixed cost per transfer, large ones by bandwidth.
+
+# %% tags=["nbval-ignore-output"]
+from tpu_course import transfer
+
+sizes = transfer.DEFAULT_SIZES_BYTES if rt.platform != "cpu" else transfer.DEFAULT_SIZES_BYTES[:-1]
+sweep = transfer.measure_transfers(sizes, repeats=5)
+print(sweep)
+sweep.plot();
+
+# %% [markdown]
+# On this notebook's runtime (see the banner): on a CPU "device" memory *is* host memory,
+# so the sweep measures a memory copy, or nothing at all when JAX can use the NumPy buffer
+# in place; the curve says nothing about a TPU. On a TPU or GPU the large transfers settle
+# at the host link's bandwidth, typically tens of GB/s, compared with the HBM bandwidth in
+# the table above (hundreds to thousands of GB/s).
+
+# %% [markdown]
+# ## 4. Asynchronous dispatch: JAX returns before the work is done
+#
+# Calling a jitted function *enqueues* the work on the device and returns at once with an
+# array whose value is still being computed. Python can run ahead and queue the next step
+# while the chip works: good for throughput, a trap for timing. Only
+# `block_until_ready()` (or reading the value) waits.
+
+# %%
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.jit
+def chain(x):
+    for _ in range(4):
+        x = jnp.tanh(x @ x)
+    return x
+
+
+n = 2048 if rt.platform != "cpu" else 768
+x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+_ = chain(x).block_until_ready()  # compile and warm up first
+
+# %% tags=["nbval-ignore-output"]
+start = time.perf_counter()
+y = chain(x)  # returns as soon as the work is queued
+dispatched = time.perf_counter() - start
+y.block_until_ready()  # now wait for the device
+finished = time.perf_counter() - start
+print(f"returned after {dispatched * 1e3:8.3f} ms (work queued, not done)")
+print(f"finished after {finished * 1e3:8.3f} ms (block_until_ready)")
+print(f"a timer without block_until_ready would report {dispatched / finished:.1%} of the real time")
+
+# %% [markdown]
+# ## 5. A first timed matmul
+#
+# `bench.benchmark` does what a correct benchmark needs: it compiles first and reports
+# that time apart, warms up, waits for the whole output, repeats and reports the median
+# and spread, and counts FLOPs with XLA's own cost analysis. For an (m x k) @ (k x n)
+# matmul that count is 2·m·k·n: one multiply and one add per (i, j, k). With the chip
+# known, it divides the achieved rate by the chip's peak from the hardware table.
+
+# %%
+from tpu_course import bench
+
+if rt.platform == "cpu":
+    size, dtype = 1024, jnp.float32  # keep a CPU run short
+else:
+    size, dtype = 8192, jnp.bfloat16  # big enough to keep a matrix unit busy
+a = jax.random.normal(jax.random.key(1), (size, size), dtype)
+b = jax.random.normal(jax.random.key(2), (size, size), dtype)
+matmul = jax.jit(jnp.matmul)
+result = bench.benchmark(matmul, a, b, repeats=10, min_time=0.5, warn=False)
+print(f"{size} x {size} x {size} {jnp.dtype(dtype).name} matmul: XLA counts "
+      f"{result.flops:.4g} FLOPs = 2*{size}^3: {result.flops == 2 * size**3}")
+
+# %% tags=["nbval-ignore-output"]
+result
+
+# %% tags=["nbval-ignore-output"]
+if result.fraction_of_peak is not None:
+    print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s = {result.fraction_of_peak:.0%} of "
+          f"{hardware.get(result.chip).display_name}'s {result.peak_name} peak")
+else:
+    print(f"{result.flops_per_s / 1e9:.1f} GFLOP/s on {rt.device_kind}: a CPU timing, with no "
+          "TPU peak to compare against; run this notebook on a TPU runtime to see one.")
+
+# %% [markdown]
+# ## Takeaways
+# - Print the runtime first: every number in a notebook belongs to a machine.
+# - Data lives on the host until `device_put`; keep it on the device and move as little
+#   as possible across the host link.
+# - JAX dispatches asynchronously: a timer must wait with `block_until_ready` on the whole
+#   result, after a warm-up, or it measures the wrong thing.
+# - Throughput is FLOPs / time, and "how good is that?" is answered by the chip's peak
+#   from a sourced table, never by a number typed into the notebook.
+#
+# Lab 2 asks you to write these measurements yourself.
