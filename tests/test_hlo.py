@@ -152,7 +152,8 @@ def test_report_texts_memory_and_fusion_of_an_elementwise_chain():
     # memory analysis against the hand count: one f32 input and one f32 output
     assert r.argument_bytes == 256 * 128 * 4 and r.output_bytes == 256 * 128 * 4
     assert r.peak_bytes >= 2 * 256 * 128 * 4
-    assert r.platform == "cpu" and not r.compile_only and r.compile_time_s > 0
+    assert r.platform == jax.devices()[0].platform and not r.compile_only
+    assert r.compile_time_s > 0
     assert r.collectives == ()
     assert "fusion" in r.summary() and "<table>" in r._repr_html_()
 
