@@ -354,6 +354,74 @@ def pipeline_bubble(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    """A parallelism plan for one job, with the numbers that decided it."""
+
+    within_slice: str  # 'dp' or 'fsdp'
+    across_slices: str  # 'none', 'dp' or 'pipeline'
+    train_bytes_per_chip_dp: float
+    hbm_bytes: float
+    tokens_per_slice: float
+    dcn_min_tokens_per_slice: float | None
+    reasons: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return (f"within a slice: {self.within_slice}; across slices: {self.across_slices}\n  "
+                + "\n  ".join(self.reasons))
+
+    __repr__ = __str__
+
+
+#: Training bytes per parameter with Adam in the scaling book's count (bf16 parameters
+#: and gradients, fp32 moments and master copy would be more): "num_params = HBM / 10".
+TRAIN_BYTES_PER_PARAM = 10
+
+
+def recommend(chip: hardware.Chip | str, params: float, tokens_per_slice: float,
+              slices: int = 1) -> Recommendation:
+    """Choose DP or FSDP inside a slice, and DP or pipelining across slices.
+
+    * Inside a slice: pure DP keeps a whole replica per chip, ``10 x params`` bytes with
+      Adam (scaling book: "num_params = HBM per device / 10"); if that exceeds HBM, FSDP.
+    * Across slices: DP over the data-centre network is compute-bound when the tokens
+      per slice exceed :func:`dcn_min_tokens_per_slice`; below that the gradient
+      all-reduce dominates, and a pipeline (which sends only activations between
+      slices) is the better choice.
+
+    >>> print(recommend("v5e", 7e9, 1e6, slices=4))
+    within a slice: fsdp; across slices: dp
+      10 x 7e+09 params = 70 GB per chip for a DP replica > 16 GB HBM: shard it (FSDP)
+      1,000,000 tokens per slice >= 63,040 needed over DCN with 4 slices: DP across slices is compute-bound
+    """
+    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    need = TRAIN_BYTES_PER_PARAM * params
+    reasons = []
+    if need > chip.hbm_bytes:
+        within = "fsdp"
+        reasons.append(f"10 x {params:.3g} params = {need / 1e9:,.0f} GB per chip for a DP replica "
+                       f"> {chip.hbm_bytes / 1e9:,.0f} GB HBM: shard it (FSDP)")
+    else:
+        within = "dp"
+        reasons.append(f"10 x {params:.3g} params = {need / 1e9:,.1f} GB per chip fits in "
+                       f"{chip.hbm_bytes / 1e9:,.0f} GB HBM: plain DP")
+    threshold = None
+    if slices == 1:
+        across = "none"
+    else:
+        threshold = dcn_min_tokens_per_slice(chip, slices)
+        if tokens_per_slice >= threshold:
+            across = "dp"
+            reasons.append(f"{tokens_per_slice:,.0f} tokens per slice >= {threshold:,.0f} needed over "
+                           f"DCN with {slices} slices: DP across slices is compute-bound")
+        else:
+            across = "pipeline"
+            reasons.append(f"{tokens_per_slice:,.0f} tokens per slice < {threshold:,.0f} needed over "
+                           f"DCN with {slices} slices: DP would wait on the network; pipeline instead")
+    return Recommendation(within, across, need, chip.hbm_bytes, tokens_per_slice, threshold,
+                          tuple(reasons))
+
+
 # ---------------------------------------------------------------------------------------
 # bytes per step for DP, FSDP, TP
 

@@ -511,6 +511,7 @@ def launch_local(num_processes: int = 2, local_devices: int = 2, steps: int = 5,
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+            proc.wait()
     results = []
     for i, (proc, (out, err)) in enumerate(zip(procs, outs)):
         if proc.returncode != 0:
@@ -564,7 +565,9 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--process-id", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     a = ap.parse_args(argv)
-    if a.coordinator and jax.devices.__module__ and "cpu" in os.environ.get("JAX_PLATFORMS", "cpu"):
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        # CPU devices of different processes talk through gloo (JAX's default on recent
+        # versions; set explicitly for older ones).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
     mesh = make_mesh((jax.device_count(),), ("data",))
