@@ -1,0 +1,288 @@
+"""Pictures for the course: the systolic array cycle by cycle, and the chapter-1 plots.
+
+* :func:`draw_frame` draws one cycle of a traced :func:`tpu_course.systolic.simulate` run:
+  the grid of cells with what each holds and passes on, and the output filling in.
+* :func:`frame_strip` draws a static strip of key cycles (what GitHub and nbval see).
+* :func:`animate` returns a steppable widget (play/pause and a cycle slider, ipywidgets:
+  JupyterLab, Colab) and falls back to the strip when widgets are not available.
+* :func:`export_animation` writes the animation as a GIF or a self-contained HTML/JS page.
+* :func:`plot_utilization_vs_size`, :func:`plot_cycles_vs_size`,
+  :func:`plot_accesses_per_mac`: the chapter's plots.
+
+matplotlib is imported inside the functions, so importing this module is cheap and never
+touches JAX.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from tpu_course import systolic
+
+_NAMES = {  # what the three arrays of a Frame mean, per dataflow
+    "ws": ("weight", "activation", "partial sum"),
+    "is": ("input", "weight", "partial sum"),
+    "os": ("accumulator", "a", "b"),
+}
+
+
+def _fmt(v: float) -> str:
+    if np.isnan(v):
+        return ""
+    if float(v).is_integer() and abs(v) < 1e5:
+        return str(int(v))
+    return f"{v:.3g}"
+
+
+def key_cycles(run: systolic.SystolicRun, count: int = 8) -> list[int]:
+    """Frame indices worth showing in a static strip: phase changes plus even spacing.
+
+    >>> import numpy as np
+    >>> r = systolic.simulate(np.ones((3, 4)), np.ones((4, 2)), 4, 2, trace=True)
+    >>> key_cycles(r, 6)
+    [0, 3, 4, 7, 9, 10]
+    """
+    frames = _frames(run)
+    n = len(frames)
+    picks = {0, n - 1}
+    for i in range(1, n):
+        if frames[i].phase != frames[i - 1].phase:
+            picks.update((i - 1, i))
+    picks = sorted(picks)
+    if len(picks) > count:  # keep the first, the last and phase starts, evenly thinned
+        idx = np.linspace(0, len(picks) - 1, count).round().astype(int)
+        picks = sorted({picks[i] for i in idx})
+    extra = [int(x) for x in np.linspace(0, n - 1, count + 2)[1:-1]]
+    for x in extra:
+        if len(picks) >= count:
+            break
+        if x not in picks:
+            picks.append(x)
+    return sorted(picks)[:count]
+
+
+def _frames(run: systolic.SystolicRun) -> tuple[systolic.Frame, ...]:
+    if not run.trace:
+        raise ValueError("this run has no trace: call simulate(..., trace=True) on a small "
+                         "array (e.g. rows=4, cols=4) to get one frame per cycle")
+    return run.trace
+
+
+def draw_frame(run: systolic.SystolicRun, index: int, ax: Any = None, show_output: bool = True) -> Any:
+    """Draw frame ``index`` of a traced run; returns the matplotlib figure.
+
+    Each square is a cell. Big number: what the cell holds (the weight for ``"ws"``);
+    blue, bottom left: the operand moving right; orange, bottom right: what moves down
+    (the partial sum for ``"ws"``). Shaded cells did a multiply-accumulate this cycle.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    frames = _frames(run)
+    fr = frames[index]
+    held_name, h_name, v_name = _NAMES[run.dataflow]
+    R, C = fr.held.shape
+    if ax is None:
+        ncols = 2 if show_output else 1
+        fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols, 3.8),
+                                 gridspec_kw={"width_ratios": [1, 1][:ncols]})
+        axes = np.atleast_1d(axes)
+        ax, ax_out = axes[0], (axes[1] if show_output else None)
+    else:
+        fig, ax_out = ax.figure, None
+    busy = ~np.isnan(fr.horizontal) & (~np.isnan(fr.vertical) if run.dataflow == "os" else True)
+    for k in range(R):
+        for j in range(C):
+            ax.add_patch(Rectangle((j, R - 1 - k), 0.95, 0.95, facecolor="#dbeafe" if busy[k, j]
+                                   else "#f3f4f6", edgecolor="#374151"))
+            ax.text(j + 0.47, R - 1 - k + 0.55, _fmt(fr.held[k, j]), ha="center", va="center",
+                    fontsize=11, weight="bold")
+            ax.text(j + 0.08, R - 1 - k + 0.12, _fmt(fr.horizontal[k, j]), fontsize=8,
+                    color="#1d4ed8")
+            ax.text(j + 0.88, R - 1 - k + 0.12, _fmt(fr.vertical[k, j]), fontsize=8,
+                    color="#c2410c", ha="right")
+    ax.set_xlim(-0.1, C + 0.05)
+    ax.set_ylim(-0.1, R + 0.05)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"cycle {fr.cycle} ({fr.phase})\nbold: {held_name}, blue: {h_name} ->, "
+                 f"orange: {v_name} v", fontsize=9)
+    if ax_out is not None:
+        out = fr.output
+        ax_out.imshow(np.where(np.isnan(out), 0, 1), cmap="Greens", vmin=0, vmax=3,
+                      aspect="equal")
+        for i in range(out.shape[0]):
+            for j in range(out.shape[1]):
+                ax_out.text(j, i, _fmt(out[i, j]), ha="center", va="center", fontsize=8)
+        ax_out.set_xticks([])
+        ax_out.set_yticks([])
+        ax_out.set_title(f"output C ({out.shape[0]}x{out.shape[1]}) so far", fontsize=9)
+    return fig
+
+
+def frame_strip(run: systolic.SystolicRun, cycles: Sequence[int] | None = None, ncols: int = 4) -> Any:
+    """A static strip of the key cycles of a traced run (a matplotlib figure)."""
+    import matplotlib.pyplot as plt
+
+    picks = list(cycles) if cycles is not None else key_cycles(run, 8)
+    nrows = math.ceil(len(picks) / ncols)
+    R, C = _frames(run)[0].held.shape
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.6 * nrows * R / max(C, 1) + 0.4))
+    axes = np.atleast_1d(axes).ravel()
+    for ax, i in zip(axes, picks):
+        draw_frame(run, i, ax=ax, show_output=False)
+        ax.set_title(f"cycle {i} ({run.trace[i].phase})", fontsize=9)
+    for ax in axes[len(picks):]:
+        ax.axis("off")
+    held_name, h_name, v_name = _NAMES[run.dataflow]
+    fig.suptitle(f"{run.rows}x{run.cols} {run.dataflow.upper()} array: bold {held_name}, "
+                 f"blue {h_name} (moving right), orange {v_name} (moving down)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def animate(run: systolic.SystolicRun, static_fallback: bool = True) -> Any:
+    """A steppable view: play/pause and a cycle slider (ipywidgets).
+
+    Returns an ``ipywidgets.VBox``; its ``slider`` attribute is the cycle slider. When
+    ipywidgets is missing, returns :func:`frame_strip` instead (or raises ImportError if
+    ``static_fallback`` is False).
+    """
+    frames = _frames(run)
+    try:
+        import ipywidgets as widgets
+    except ImportError:
+        if not static_fallback:
+            raise
+        return frame_strip(run)
+    import matplotlib.pyplot as plt
+
+    play = widgets.Play(value=0, min=0, max=len(frames) - 1, step=1, interval=700,
+                        description="play")
+    slider = widgets.IntSlider(value=0, min=0, max=len(frames) - 1, description="cycle")
+    widgets.jslink((play, "value"), (slider, "value"))
+    out = widgets.Output()
+
+    def show(change: Any = None) -> None:
+        with out:
+            out.clear_output(wait=True)
+            fig = draw_frame(run, slider.value)
+            plt.show()
+            plt.close(fig)
+
+    slider.observe(show, names="value")
+    show()
+    box = widgets.VBox([widgets.HBox([play, slider]), out])
+    box.slider = slider  # type: ignore[attr-defined]
+    box.play = play  # type: ignore[attr-defined]
+    return box
+
+
+def export_animation(run: systolic.SystolicRun, path: str | pathlib.Path, fps: float = 2.0) -> pathlib.Path:
+    """Write the animation to ``path``: ``.gif`` (Pillow) or ``.html`` (a self-contained
+    JavaScript player, for slides). Returns the path."""
+    import matplotlib.pyplot as plt
+    from matplotlib import animation
+
+    path = pathlib.Path(path)
+    if path.suffix not in (".gif", ".html", ".htm"):
+        raise ValueError(f"export_animation writes .gif or .html, got {path.name!r}")
+    frames = _frames(run)
+    fig = draw_frame(run, 0)
+
+    def update(i: int) -> list:
+        draw_frame_on(fig, run, i)
+        return []
+
+    anim = animation.FuncAnimation(fig, update, frames=len(frames), interval=1000 / fps, blit=False)
+    if path.suffix == ".gif":
+        anim.save(path, writer=animation.PillowWriter(fps=fps))
+    else:
+        path.write_text(anim.to_jshtml(fps=fps))
+    plt.close(fig)
+    return path
+
+
+def draw_frame_on(fig: Any, run: systolic.SystolicRun, index: int) -> None:
+    """Redraw frame ``index`` on the two axes of a figure made by :func:`draw_frame`."""
+    ax, ax_out = fig.axes[0], fig.axes[1]
+    ax.clear()
+    ax_out.clear()
+    draw_frame(run, index, ax=ax, show_output=False)
+    fr = run.trace[index]
+    out = fr.output
+    ax_out.imshow(np.where(np.isnan(out), 0, 1), cmap="Greens", vmin=0, vmax=3)
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            ax_out.text(j, i, _fmt(out[i, j]), ha="center", va="center", fontsize=8)
+    ax_out.set_xticks([])
+    ax_out.set_yticks([])
+    ax_out.set_title("output C so far", fontsize=9)
+
+
+def plot_utilization_vs_size(sizes: Sequence[int], arrays: Sequence[int] = (128, 256),
+                             dataflow: str = "ws", timing: str = "tpu", ax: Any = None) -> Any:
+    """Utilisation of an n x n x n matmul on square arrays: the padding staircase."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    for side in arrays:
+        u = [systolic.utilization(n, n, n, side, side, dataflow, timing) for n in sizes]
+        ax.plot(sizes, u, drawstyle="steps-post" if len(sizes) > 50 else "default",
+                label=f"{side}x{side} array")
+    ax.set_xlabel("matrix size n (n x n @ n x n)")
+    ax.set_ylabel("utilisation (useful MACs / cell-cycles)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{dataflow.upper()} array, timing={timing!r}: padding makes a staircase")
+    return ax.figure
+
+
+def plot_cycles_vs_size(sizes: Sequence[int], simulated: Sequence[int], rows: int = 8,
+                        cols: int = 8, dataflow: str = "ws", timing: str = "tpu",
+                        ax: Any = None) -> Any:
+    """Cycles of an n x n x n matmul: the closed form as a line, simulations as dots."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(sizes, [systolic.cycle_count(n, n, n, rows, cols, dataflow, timing) for n in sizes],
+            label="cycle_count (closed form)")
+    rng = np.random.default_rng(0)
+    sim = []
+    for n in simulated:
+        a = rng.integers(-3, 4, (n, n))
+        b = rng.integers(-3, 4, (n, n))
+        sim.append(systolic.simulate(a, b, rows, cols, dataflow, timing).cycles)
+    ax.plot(simulated, sim, "o", label="simulate(...).cycles")
+    ax.set_xlabel("matrix size n")
+    ax.set_ylabel("cycles")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{rows}x{cols} {dataflow.upper()} array, timing={timing!r}")
+    return ax.figure
+
+
+def plot_accesses_per_mac(sizes: Sequence[int], ax: Any = None, **kwargs: Any) -> Any:
+    """Memory accesses per MAC on a CPU, a GPU and a systolic array (log scale)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    for machine, style in (("cpu", "s-"), ("gpu", "^-"), ("systolic", "o-")):
+        ax.plot(sizes, [systolic.memory_accesses_per_mac(n, machine, **kwargs).per_mac
+                        for n in sizes], style, label=machine)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("matrix size n (n x n @ n x n)")
+    ax.set_ylabel("memory accesses per MAC")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    ax.set_title("Where the operands of each multiply-accumulate come from")
+    return ax.figure
