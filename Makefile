@@ -55,7 +55,7 @@ test-unit: setup
 	$(PY) -m tpu_course.notebooks check
 
 test-notebooks: setup
-	$(PY) -m pytest -q $(NBVAL) --durations=0 notebooks solutions
+	$(PY) -m pytest -q $(NBVAL) notebooks solutions
 
 test-oldest: setup-oldest
 	$(PY_OLDEST) -m pytest -q -ra tests tpu_course
