@@ -1,0 +1,386 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 1: Why TPUs: the systolic array
+#
+# A TPU is a matrix unit first and a processor second. This chapter builds that matrix
+# unit in software, a grid of multiply-accumulate cells that pass values to their
+# neighbours, watches it multiply two matrices cycle by cycle, counts the cycles and
+# checks them against a formula, and then asks what the grid costs when the matrices do
+# not fit it. It ends with the chip around the matrix unit and with bf16, the number
+# format it computes in.
+#
+# **Notation (used in every chapter).** A matmul is C[M x N] = A[M x K] @ B[K x N]. The
+# array has `R` rows and `C` columns of cells (128 x 128 on TPU v2 to v5p, 256 x 256 on
+# v6e). A *MAC* is one multiply-accumulate `c += a * b`. A *cycle* is one clock period: in
+# it every cell does at most one MAC and every register passes its value one cell on. A
+# *fold* is one tile of the problem that fits the array.
+
+# %%
+# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
+# jax, jaxlib and libtpu; where the package is already installed it does nothing.
+import importlib.metadata, importlib.util, subprocess, sys
+if importlib.util.find_spec("tpu_course") is None:
+    keep = [f"{p}=={importlib.metadata.version(p)}" for p in ("jax", "jaxlib", "libtpu")
+            if importlib.util.find_spec(p)]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
+                    "tpu-course @ git+https://github.com/tpu-course/tpu-course"], check=True)
+
+# %%
+from tpu_course import runtime
+
+print(runtime.describe().banner())
+
+# %% [markdown]
+# Everything in this chapter except the banner is computed by the course's simulator and
+# models on the CPU: cycle counts, not seconds. A cycle count is the same on every
+# runtime, so the numbers below do not depend on what this notebook ran on.
+
+# %%
+import numpy as np
+import matplotlib.pyplot as plt
+
+from tpu_course import hardware, systolic, viz
+
+np.set_printoptions(linewidth=110)
+
+# %% [markdown]
+# ## 1. Why a matrix unit: where does each multiply-accumulate get its operands?
+#
+# A matmul of size n does n³ MACs. What limits a machine is rarely the multiplier; it is
+# getting the two operands to it and the running sum back.
+#
+# * A **von Neumann CPU** (one ALU, as the textbook draws it) loads `a[i,k]` and `b[k,j]`
+#   from memory, loads the running sum, multiplies, adds and stores the sum back: four
+#   memory accesses for every MAC.
+# * A **GPU** has thousands of ALUs. A thread block stages tiles of A and B in shared
+#   memory, and the running sum sits in a register, but every MAC still reads its two
+#   operands from shared memory: about two accesses per MAC, however large the matmul.
+# * A **systolic array** reads an operand from its edge buffer once and then passes it
+#   from cell to cell: a weight is read once and used by every row of A that streams
+#   past; an activation entering at the left edge is used by all `C` cells of its row;
+#   a partial sum moves down to the next cell instead of going back to memory.
+#
+# `systolic.memory_accesses_per_mac` puts numbers on this (its docstring states the
+# model and its assumptions; the systolic numbers are the traffic the simulator itself
+# counts, checked in the tests).
+
+# %%
+for n in (128, 1024, 8192):
+    row = {m: systolic.memory_accesses_per_mac(n, m).per_mac for m in ("cpu", "gpu", "systolic")}
+    print(f"n = {n:5d}: cpu {row['cpu']:.2f}, gpu {row['gpu']:.3f}, "
+          f"systolic (128x128) {row['systolic']:.4f} accesses per MAC")
+
+# %%
+viz.plot_accesses_per_mac([2 ** p for p in range(6, 15)])
+plt.show()
+
+# %% [markdown]
+# The systolic array's accesses per MAC fall as the matmul grows, roughly as 1/128 +
+# 1/n: each value read from the edge is reused up to 128 times inside the array. That
+# reuse, not a faster multiplier, is the point of the design.
+#
+# > **Takeaway.** A systolic array turns a memory problem into a wiring problem: values
+# > move one cell per cycle over short wires instead of travelling to and from memory.
+
+# %% [markdown]
+# ## 2. The simulator at work: a 4 x 4 weight-stationary array
+#
+# The TPU's matrix unit (MXU) is **weight-stationary**: the cells hold a tile of B (the
+# weights), rows of A (the activations) stream in from the left, and partial sums flow
+# down and leave at the bottom. `systolic.simulate` does this cycle by cycle, moving
+# every register one cell per cycle with numpy over the whole grid. Its cycle model (the
+# module docstring states it in full):
+#
+# * cycles are numbered from 0; loading the weights takes `R` cycles;
+# * activation `a[i,k]` enters row `k` at cycle `R + i + k` (row `k` of the edge buffer
+#   starts `k` cycles late, the *skew*) and moves one column right per cycle, so it is in
+#   cell `(k, j)` at cycle `R + i + k + j`;
+# * the partial sum of `c[i,j]` moves one row down per cycle and leaves the bottom of
+#   column `j` at the end of cycle `R + i + (R - 1) + j`.
+
+# %%
+A = np.array([[1, 2, 0, 1], [3, 1, 2, 0], [0, 1, 1, 2], [2, 0, 3, 1], [1, 1, 1, 1]])
+B = np.array([[1, 0, 2, 1], [0, 1, 1, 0], [2, 1, 0, 1], [1, 2, 1, 0]])
+run = systolic.simulate(A, B, rows=4, cols=4, trace=True)
+print(run.summary())
+print("equal to A @ B:", bool((run.result == A @ B).all()))
+
+# %% [markdown]
+# Below are key cycles of that run (a static strip, which is what GitHub and CI show).
+# Bold: the weight a cell holds; blue: the activation passing right; orange: the
+# partial sum passing down. Watch the weights load column by column (each column of the
+# load path starts one cycle after its left neighbour), then the activations enter as a
+# diagonal wavefront, and the last results drain out of the bottom-right corner.
+
+# %%
+viz.frame_strip(run)
+plt.show()
+
+# %% [markdown]
+# The same run as a steppable animation (play/pause and a cycle slider). It needs a live
+# kernel with ipywidgets (JupyterLab, Colab); `viz.export_animation(run, "systolic.gif")`
+# (or `.html`) writes it to a file for slides.
+
+# %% tags=["nbval-ignore-output"]
+viz.animate(run)
+
+# %% [markdown]
+# ### Counting the cycles
+#
+# One fold streaming `T` rows of A (here `T = M = 5`): `R` cycles of weight load, then
+# the last activation enters `T - 1` cycles after the first, needs `R - 1` more cycles to
+# reach the bottom row's skew and `C - 1` hops to the last column, and its result leaves
+# at the end of that cycle. Counting from 0:
+#
+# `cycles = R + (T - 1) + (R - 1) + (C - 1) + 1 = R + T + R + C - 2`
+
+# %%
+R = C = 4
+T = A.shape[0]
+print(f"closed form: R + T + R + C - 2 = {R} + {T} + {R} + {C} - 2 = {R + T + R + C - 2}")
+print("systolic.cycle_count:", systolic.cycle_count(5, 4, 4, 4, 4))
+print("simulate measured:   ", run.cycles)
+print(f"phases: preload {run.preload_cycles}, fill {run.fill_cycles}, steady "
+      f"{run.steady_cycles}, drain {run.drain_cycles}")
+
+# %% [markdown]
+# The phases are measured from the run: *fill* lasts until the first result leaves the
+# array, *steady* until the last activation enters it, *drain* until the last result
+# leaves. Useful work needs every cell busy, and this problem is tiny next to the fixed
+# costs of loading and filling: `utilization` = useful MACs / (cells x cycles) counts how
+# many of the array's MAC slots did useful work.
+
+# %%
+print(f"useful MACs {run.useful_macs}, cells x cycles {16 * run.cycles}, "
+      f"utilisation {run.utilization:.3f}")
+print("useful MACs per cycle:", run.macs_per_cycle.tolist())
+
+# %% [markdown]
+# ### Three dataflows
+#
+# What stays in the cells is a design choice. Weight-stationary keeps B; input-stationary
+# keeps A (transposed) and streams the columns of B; output-stationary keeps the
+# accumulators of C and streams both A (from the left) and B (from the top). Same
+# product, different costs:
+
+# %%
+A2 = np.random.default_rng(0).integers(-3, 4, (12, 10))
+B2 = np.random.default_rng(1).integers(-3, 4, (10, 6))
+print(f"C[12x6] = A[12x10] @ B[10x6] on a 4x4 array")
+for df in systolic.DATAFLOWS:
+    r = systolic.simulate(A2, B2, 4, 4, dataflow=df)
+    assert (r.result == A2 @ B2).all()
+    print(f"  {df}: {r.folds} folds, {r.cycles:3d} cycles, utilisation {r.utilization:.3f}, "
+          f"{r.operand_reads} values in, {r.result_writes} results out")
+
+# %% [markdown]
+# ## 3. Two timing conventions: SCALE-Sim's and the MXU's
+#
+# [SCALE-Sim](https://github.com/scalesim-project/scale-sim-v3) is the published
+# systolic-array simulator. Its conventions (ideal memory) are one of the two
+# `timing=` settings, and the course's tests check that `cycles`, utilisation and the
+# operand traffic equal SCALE-Sim 3.0.0's reports on a spread of shapes, array sizes and
+# dataflows (`tests/data/scalesim_cases.json`). In SCALE-Sim a weight-stationary fold loads its
+# weights, streams, and drains before the next fold loads, and partial sums of every
+# K tile leave the array. (It also reports the number of the last cycle, counting from
+# 0, which is one less than the number of cycles.)
+#
+# The MXU does better: the next fold's weights load while the current fold computes
+# (double buffering), so folds stream back to back, and partial sums of the K tiles are
+# added in accumulators instead of being written out.
+
+# %%
+rng = np.random.default_rng(0)
+A3 = rng.integers(-3, 4, (256, 384))
+B3 = rng.integers(-3, 4, (384, 256))
+for timing in ("scalesim", "tpu"):
+    r = systolic.simulate(A3, B3, 128, 128, timing=timing)
+    assert (r.result == A3 @ B3).all()
+    print(f"{timing:8s}: {r.cycles:5d} cycles = preload {r.preload_cycles} + fill "
+          f"{r.fill_cycles} + steady {r.steady_cycles} + drain {r.drain_cycles}"
+          f"{' - 1' if r.count_offset else ''}; utilisation {r.utilization:.3f}; "
+          f"results written {r.result_writes:,}")
+
+# %%
+M3, K3, N3 = 256, 384, 256
+F = systolic.fold_count(M3, K3, N3, 128, 128)
+ss = systolic.cycle_count(M3, K3, N3, 128, 128, timing="scalesim")
+tpu = systolic.cycle_count(M3, K3, N3, 128, 128, timing="tpu")
+print(f"{F} folds. SCALE-Sim: F * (R + T + R + C - 2) - 1 = {F} * {128 + 256 + 128 + 128 - 2} - 1 = {ss}")
+print(f"MXU: R + (F - 1) * max(T, R) + T + R + C - 2 = 128 + {F - 1} * 256 + {256 + 128 + 128 - 2} = {tpu}")
+print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F - 1} later folds "
+      f"hides its {128} load cycles and its {128 + 128 - 2} fill/drain cycles")
+
+# %% [markdown]
+# > **Takeaway.** Per fold, SCALE-Sim pays `R` cycles of load and `R + C - 2` of fill and
+# > drain; double buffering pays them once for the whole matmul. The longer the stream
+# > (`T = M`, the batch of rows), the less the fixed costs matter.
+
+# %% [markdown]
+# ## 4. Real MXUs: 128 x 128 and 256 x 256, and the padding staircase
+#
+# A 100 x 100 matmul on a 128 x 128 MXU fills only 100 x 100 of its 16,384 cells: the
+# rest hold padding. It is also far too short to amortise loading and filling. A
+# 10,000 x 10,000 matmul needs thousands of folds, the last row and column of them
+# partly padding, but its stream of 10,000 rows per fold hides everything else.
+
+# %%
+small = systolic.simulate(np.ones((100, 100), np.int64), np.ones((100, 100), np.int64), 128, 128)
+print(f"100^3 on 128x128 (simulated): {small.cycles} cycles, utilisation {small.utilization:.3f}, "
+      f"padding waste {small.padding_waste:.3f}")
+for side in (128, 256):
+    for n in (100, 1000, 10_000):
+        print(f"{n:6d}^3 on {side}x{side}: {systolic.fold_count(n, n, n, side, side):5d} folds, "
+              f"utilisation {systolic.utilization(n, n, n, side, side):.3f} (closed form)")
+
+# %% [markdown]
+# Utilisation against size shows the staircase: each time n passes a multiple of the
+# array side, a new row and column of folds appears, mostly padding, and utilisation
+# drops; it then climbs back as the new folds fill. The 256-wide array (v6e) has
+# four times the cells, so it needs larger matrices to keep them busy.
+
+# %%
+viz.plot_utilization_vs_size(list(range(32, 2049, 8)), arrays=(128, 256))
+plt.show()
+
+# %% [markdown]
+# And the cycle count against size: the closed form as a line, the simulator as dots
+# (on an 8 x 8 array so the simulations are quick). They agree at every size, as the
+# property test in `tests/test_systolic.py` checks for random shapes, arrays and all
+# three dataflows.
+
+# %%
+viz.plot_cycles_vs_size(list(range(1, 65)), [4, 8, 9, 16, 17, 24, 32, 33, 48, 64], rows=8, cols=8)
+plt.show()
+
+# %% [markdown]
+# ## 5. The chip around the MXU
+#
+# The MXU only multiplies matrices. Around it (per TensorCore):
+#
+# * the **VPU**, a vector unit for elementwise work (activations, normalisation,
+#   the optimizer update), much slower in FLOP/s than the MXU;
+# * **VMEM**, a software-managed on-chip memory that feeds the MXU and VPU; the compiler
+#   (XLA) decides what goes in it and when;
+# * **HBM**, the chip's high-bandwidth memory that holds weights and activations;
+# * **ICI**, the inter-chip interconnect that links neighbouring chips into a torus;
+# * the **host**, a CPU that feeds the chip input data over PCIe and runs Python.
+#
+# The course's hardware table (`tpu_course.hardware`, every number with its source):
+
+# %%
+print(f"{'chip':22s} {'MXUs':>5s} {'MXU size':>9s} {'bf16 TFLOP/s':>13s} {'HBM GB':>7s} "
+      f"{'HBM GB/s':>9s} {'VMEM MiB':>9s}")
+for name in hardware.names():
+    chip = hardware.get(name)
+    if chip.kind != "tpu":
+        continue
+    print(f"{chip.display_name:22s} {chip.mxu_count:5d} {f'{chip.mxu_size}x{chip.mxu_size}':>9s} "
+          f"{chip.peak_bf16_flops_per_s / 1e12:13,.0f} {chip.hbm_bytes / 1e9:7.0f} "
+          f"{chip.hbm_bytes_per_s / 1e9:9,.0f} {chip.vmem_bytes / 2**20:9.0f}")
+
+# %% [markdown]
+# Peak FLOP/s comes from the table, never from MXU count x clock: for v6e and 7x the
+# published MXU counts and the published peaks do not imply a plausible clock, so the
+# simulator counts cycles and stops there.
+
+# %% [markdown]
+# ## 6. bf16: the number format of the MXU
+#
+# bfloat16 keeps float32's 8 exponent bits and cuts the significand from 23 bits to 7.
+# float16 spends its 16 bits differently: 5 exponent bits, 10 significand bits.
+
+# %%
+import ml_dtypes
+
+print(f"{'format':9s} {'sign':>4s} {'exponent':>8s} {'significand':>11s} {'largest':>12s} "
+      f"{'gap above 1':>12s}")
+for name, dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
+    fi = ml_dtypes.finfo(dt)
+    print(f"{name:9s} {1:4d} {fi.nexp:8d} {fi.nmant:11d} {float(fi.max):12.4g} {float(fi.eps):12.4g}")
+
+# %% [markdown]
+# **Range.** A value of 70,000 (a large activation or an un-normalised gradient sum)
+# overflows float16 to infinity; bf16 keeps it, coarsely. **Precision.** bf16's gap above
+# 1 is 2⁻⁷ ≈ 0.008: about 2 to 3 significant decimal digits.
+
+# %%
+x = np.array([70_000.0, 1 / 3, 3.14159265, 1e-8], np.float32)
+with np.errstate(over="ignore"):
+    print("float32 :", x)
+    print("float16 :", x.astype(np.float16))
+print("bfloat16:", x.astype(ml_dtypes.bfloat16))
+print("relative error of bf16:", np.abs(x.astype(ml_dtypes.bfloat16).astype(np.float32) / x - 1).round(5))
+
+# %% [markdown]
+# **Accumulation.** A matmul adds up K products. With the running sum in bf16, once the
+# sum is large each new small term falls below half a gap and is lost. With bf16 inputs
+# and a float32 accumulator, the MXU's choice, only the inputs are rounded.
+
+# %%
+rng = np.random.default_rng(0)
+terms = rng.uniform(0, 1, 4096).astype(np.float32)
+exact = np.cumsum(terms.astype(np.float64))
+bf_in = terms.astype(ml_dtypes.bfloat16)
+acc32 = np.cumsum(bf_in.astype(np.float32))          # bf16 inputs, fp32 accumulator
+acc16 = np.zeros(len(terms), np.float32)             # bf16 inputs, bf16 accumulator
+s = ml_dtypes.bfloat16(0)
+for i, t in enumerate(bf_in):
+    s = ml_dtypes.bfloat16(np.float32(s) + np.float32(t))
+    acc16[i] = np.float32(s)
+for n in (16, 256, 4096):
+    print(f"sum of {n:4d} terms: exact {exact[n - 1]:9.3f}, fp32 accumulator "
+          f"{acc32[n - 1]:9.3f}, bf16 accumulator {acc16[n - 1]:9.3f}")
+
+# %%
+steps = np.arange(1, len(terms) + 1)
+plt.figure(figsize=(7, 3.4))
+plt.loglog(steps, np.abs(acc32 / exact - 1) + 1e-9, label="bf16 inputs, fp32 accumulator")
+plt.loglog(steps, np.abs(acc16 / exact - 1) + 1e-9, label="bf16 inputs, bf16 accumulator")
+plt.xlabel("number of terms summed")
+plt.ylabel("relative error")
+plt.legend()
+plt.grid(alpha=0.3, which="both")
+plt.title("Error growth over a long sum")
+plt.show()
+
+# %% [markdown]
+# With a bf16 accumulator the error grows with the length of the sum until the sum stops
+# moving at all; with a float32 accumulator it stays at the size of the input rounding.
+# That is why the MXU takes bf16 inputs (half the bytes to move and store, and smaller
+# multipliers: a multiplier's area grows roughly with the square of the significand
+# width) and accumulates in fp32.
+#
+# > **Takeaway.** bf16 has float32's range and about 3 significant digits. Use it for
+# > the inputs of a matmul, keep the sums in float32.
+
+# %% [markdown]
+# ## 7. Where the real MXU differs from the toy
+#
+# * It takes bf16 (and on newer chips int8/fp8) inputs and accumulates in fp32; the
+#   simulator computes in whatever dtype it is given (int64 for integers).
+# * Its tiles are chosen and fed by the compiler: XLA pads shapes to multiples of the
+#   MXU size, lays out operands in VMEM, and decides the loop order over folds. The
+#   simulator's fold order (column tile outer, K tile inner) is one such choice.
+# * Its weights are loaded through a dedicated path and double-buffered, as the
+#   `timing="tpu"` convention idealises; memory stalls (HBM bandwidth) are not modelled
+#   here: chapter 4 brings them in with the roofline, and measures what `jit` produces
+#   on a real chip.
+#
+# **Try it.** Change `rows`/`cols` in section 2, or the dataflow, and predict the cycle
+# count before you run the cell. The lab (`labs/01_systolic_array.ipynb`) turns this
+# into exercises with checks.
