@@ -1,0 +1,204 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lab 3: JAX for PyTorch people
+#
+# Four exercises, each about a PyTorch habit that breaks in JAX:
+#
+# 1. make a gradient-clipping update run under `jax.jit`;
+# 2. stop a function recompiling for every batch size;
+# 3. compute per-example gradients with `vmap`;
+# 4. port a small PyTorch training step (a CNN, cross-entropy, SGD) to JAX and Optax, and
+#    prove with the parity harness that it matches PyTorch layer by layer.
+#
+# Write your code where a cell raises `NotImplementedError`, then run the check cell
+# below it. A failed check says what it expected, what came back and what the mistake
+# looks like. Chapter 3's notebook covers everything used here.
+
+# %%
+# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
+# jax, jaxlib and libtpu; where the package is already installed it does nothing.
+import importlib.metadata, importlib.util, subprocess, sys
+if importlib.util.find_spec("tpu_course") is None:
+    keep = [f"{p}=={importlib.metadata.version(p)}" for p in ("jax", "jaxlib", "libtpu")
+            if importlib.util.find_spec(p)]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
+                    "tpu-course @ git+https://github.com/tpu-course/tpu-course"], check=True)
+
+# %%
+from tpu_course import runtime
+
+print(runtime.describe().banner())
+
+# %%
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tpu_course import checks, parity
+import tpu_course.checks.ch03  # noqa: F401  (loads checks.ch03)
+
+# %% [markdown]
+# ## Exercise 1: make it `jit`
+#
+# A PyTorch training loop clips the gradient when its norm is too large:
+#
+# ```python
+# norm = g.norm()
+# if norm > max_norm:
+#     g = g * (max_norm / norm)
+# w -= lr * g
+# ```
+#
+# Translated word for word, this fails under `jax.jit`: the norm is a tracer while the
+# function is traced, and a Python `if` needs a `bool`. Rewrite `clipped_update` so that
+# `jax.jit(clipped_update)(w, g, max_norm)` works, returning
+# `w - LR * g * min(1, max_norm / ||g||)`, with `max_norm` a traced argument.
+
+# %%
+LR = checks.ch03.LR
+
+
+def clipped_update(w, g, max_norm):
+    norm = jnp.sqrt(jnp.sum(g ** 2))
+    raise NotImplementedError("Exercise 1 (make it jit): write your code here")
+
+
+# %%
+checks.ch03.check_jit_fix(clipped_update)
+
+# %% [markdown]
+# ## Exercise 2: no recompilation for the last, smaller batch
+#
+# A data loader hands out batches of 32 and then a smaller last batch, whose size
+# depends on the dataset. Each new batch size is a new shape, and each new shape is a
+# compilation. Write `bucketed(fn, x, buckets)`: pad `x` (rows along axis 0) with zero
+# rows up to the smallest bucket that holds it, call the jitted `fn`, and return only the
+# real rows. The checker feeds 11 batches of 8 different sizes and counts the
+# compilations with JAX's own count (`fn._cache_size()`): at most one per bucket.
+
+# %%
+def bucketed(fn, x, buckets=checks.ch03.BUCKETS):
+    raise NotImplementedError("Exercise 2 (no recompilation): write your code here")
+
+
+# %%
+checks.ch03.check_bucketing(bucketed)
+
+# %% [markdown]
+# ## Exercise 3: per-example gradients
+#
+# For a linear model with the loss `0.5 * (x . w - y)**2` on one example, return the
+# gradient with respect to `w` for **every** example of a batch `X` (n, d), `Y` (n,):
+# an array (n, d). PyTorch's `backward()` only gives the sum over the batch. Write the
+# loss for one example, take its `jax.grad`, and `jax.vmap` it over the examples.
+
+# %%
+def per_example_grads(w, X, Y):
+    raise NotImplementedError("Exercise 3 (per-example gradients): write your code here")
+
+
+# %%
+checks.ch03.check_per_example_grads(per_example_grads)
+
+# %% [markdown]
+# ## Exercise 4: port a PyTorch training step and prove parity
+#
+# The PyTorch original (its outputs are stored in `tpu_course/reference/`; with torch
+# installed, the checker runs it live instead):
+#
+# ```python
+# model = nn.Sequential(OrderedDict(
+#     conv=nn.Conv2d(3, 4, 3, padding=1),      # weight (4, 3, 3, 3): OIHW
+#     act1=nn.ReLU(),
+#     flatten=nn.Flatten(),                   # NCHW -> (N, C*H*W), in (C, H, W) order
+#     fc1=nn.Linear(4 * 6 * 6, 16),           # weight (16, 144): (out, in)
+#     act2=nn.ReLU(),
+#     fc2=nn.Linear(16, 10)))
+# optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+#
+# logits = model(x)                           # x: (8, 3, 6, 6), NCHW
+# loss = F.cross_entropy(logits, y)           # mean over the batch
+# optimizer.zero_grad(); loss.backward(); optimizer.step()
+# ```
+#
+# Write four functions:
+#
+# * `convert_params(state_dict)`: PyTorch weights (numpy arrays, PyTorch layout) to
+#   `{"conv": {"kernel", "bias"}, "fc1": {...}, "fc2": {...}}` in JAX layout (Dense
+#   kernel (in, out); Conv kernel HWIO).
+# * `forward(params, x)`: `x` is NHWC (JAX's layout); return each layer's output before
+#   its activation, `{"conv": ..., "fc1": ..., "fc2": logits}` (the parity harness
+#   compares them with what PyTorch's forward hooks recorded).
+# * `loss_fn(params, x, y)`: the cross-entropy PyTorch computes.
+# * `train_step(params, opt_state, x, y)`: one Optax step, returning
+#   `(params, opt_state, loss)`.
+#
+# The checker compares 22 arrays (6 parameters, 3 layer outputs, the loss, 6 gradients,
+# 6 parameters after the step) and names the first that differs and how.
+
+# %% tags=["nbval-ignore-output"]
+ref = parity.reference()       # live PyTorch when installed, else the stored arrays
+print(ref)
+print({k: v.shape for k, v in ref.torch_state_dict.items()})
+
+# %%
+optimizer = optax.sgd(0.1)
+
+
+def convert_params(state_dict):
+    raise NotImplementedError("Exercise 4a (convert the weights): write your code here")
+
+
+def forward(params, x):
+    raise NotImplementedError("Exercise 4b (the forward pass): write your code here")
+
+
+def loss_fn(params, x, y):
+    raise NotImplementedError("Exercise 4c (the loss): write your code here")
+
+
+def train_step(params, opt_state, x, y):
+    raise NotImplementedError("Exercise 4d (one optimizer step): write your code here")
+
+
+# %%
+checks.ch03.check_port(convert_params, forward, loss_fn, train_step, optimizer)
+
+# %% [markdown]
+# The whole report, array by array (the errors are float32 rounding, and their last
+# digits vary from machine to machine):
+
+# %% tags=["nbval-ignore-output"]
+params = convert_params(ref.torch_state_dict)
+x = jnp.asarray(parity.nchw_to_nhwc(ref["input/x"]))
+y = jnp.asarray(ref["input/y"])
+parity.compare(ref.expected, parity.jax_trace(
+    params, x, y, forward=forward, loss_fn=loss_fn,
+    step=lambda p, x, y: train_step(p, optimizer.init(p), x, y)[0]))
+
+# %% [markdown]
+# ## Going further
+#
+# * With parity in float32, jit the train step and run a few steps: the losses should
+#   follow PyTorch's (for a small model, to about six digits for several steps).
+# * Swap SGD for Adam on both sides (`torch.optim.Adam`, `optax.adam`). Note that after
+#   one Adam step every parameter moves by about the learning rate whatever its gradient,
+#   so a one-step comparison after Adam cannot see a loss scaled by the batch size:
+#   compare gradients, not just the step.
+# * On a TPU, run the parity check with `precision=None` in `parity.jax_trace` and read
+#   which layer fails first, and by how much.
