@@ -1,0 +1,153 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lab 1 (solution): The systolic array
+#
+# Four exercises on chapter 1's weight-stationary array. Each one ends with a check cell:
+# run it after your code; it says what is right, or what it expected and what the
+# mistake looks like.
+#
+# Notation as in the chapter: C[M x N] = A[M x K] @ B[K x N] on an array of `R` rows and
+# `C` columns; cycles are numbered from 0; one cycle = every cell does at most one MAC
+# and every register passes its value one cell on.
+
+# %%
+# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
+# jax, jaxlib and libtpu; where the package is already installed it does nothing.
+import importlib.metadata, importlib.util, subprocess, sys
+if importlib.util.find_spec("tpu_course") is None:
+    keep = [f"{p}=={importlib.metadata.version(p)}" for p in ("jax", "jaxlib", "libtpu")
+            if importlib.util.find_spec(p)]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
+                    "tpu-course @ git+https://github.com/tpu-course/tpu-course"], check=True)
+
+# %%
+from tpu_course import runtime
+
+print(runtime.describe().banner())
+
+# %%
+import math
+
+import numpy as np
+
+from tpu_course import checks, systolic
+import tpu_course.checks.ch01
+
+# %% [markdown]
+# ## Exercise 1: the weight-stationary schedule
+#
+# One fold on an `R x C` array with `timing="tpu"`: the weights load in cycles `0 .. R-1`,
+# then the rows of A stream in from the left, row `k` of the edge buffer starting `k`
+# cycles late, and partial sums flow down.
+#
+# Write `activation_arrives(i, k, j, rows, cols)`: the cycle at which activation
+# `a[i, k]` is in cell `(k, j)`; and `output_leaves(i, j, rows, cols)`: the cycle at the
+# end of which `c[i, j]` leaves the bottom of column `j`. The check reads the true
+# cycles off a traced simulation (`systolic.simulate(..., trace=True)`).
+
+# %%
+def activation_arrives(i, k, j, rows, cols):
+    ### BEGIN SOLUTION Exercise 1 (weight-stationary schedule)
+    return rows + i + k + j  # load, then the skew of row k, then j hops to the right
+    ### END SOLUTION
+
+
+def output_leaves(i, j, rows, cols):
+    ### BEGIN SOLUTION Exercise 1 (weight-stationary schedule)
+    return activation_arrives(i, rows - 1, j, rows, cols)  # the bottom cell adds the last product
+    ### END SOLUTION
+
+
+# %%
+checks.ch01.check_schedule(activation_arrives, output_leaves)
+
+# %% [markdown]
+# ## Exercise 2: tile a large matmul onto a fixed array
+#
+# The array holds at most `rows x cols` weights. Write `tiled_matmul(a, b, rows, cols,
+# sim)` that computes `a @ b` by calling `sim(a_tile, b_tile, rows, cols)` (it behaves
+# exactly like `systolic.simulate`) on tiles of `b` that fit the array, and reassembles
+# the results. Remember which tiles' partial sums belong to the same output.
+
+# %%
+def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
+    ### BEGIN SOLUTION Exercise 2 (tile a large matmul)
+    m, k = a.shape
+    n = b.shape[1]
+    out = np.zeros((m, n), dtype=np.result_type(a, b, np.int64))
+    for n0 in range(0, n, cols):
+        for k0 in range(0, k, rows):
+            run = sim(a[:, k0:k0 + rows], b[k0:k0 + rows, n0:n0 + cols], rows, cols)
+            out[:, n0:n0 + cols] += run.result  # partial sums of the K tiles add up
+    return out
+    ### END SOLUTION
+
+
+# %%
+checks.ch01.check_tiled_matmul(tiled_matmul)
+
+# %% [markdown]
+# ## Exercise 3: predict before you simulate
+#
+# Write `predict(M, K, N, rows, cols)` returning `(cycles, utilisation)` for the
+# weight-stationary array with the default `timing="tpu"` (double-buffered weights:
+# each fold after the first starts `max(T, R)` cycles after the previous one, with
+# `T = M` rows streamed per fold). Utilisation is useful MACs / (cells x cycles). The
+# check compares with what `simulate` measures on a few shapes.
+
+# %%
+def predict(M, K, N, rows, cols):
+    ### BEGIN SOLUTION Exercise 3 (predict cycles and utilisation)
+    folds = math.ceil(K / rows) * math.ceil(N / cols)
+    cycles = rows + (folds - 1) * max(M, rows) + M + rows + cols - 2
+    return cycles, M * K * N / (rows * cols * cycles)
+    ### END SOLUTION
+
+
+# %%
+checks.ch01.check_prediction(predict)
+
+# %% [markdown]
+# ## Exercise 4: bf16, answered with numbers
+#
+# (a) Add `1.0` to a running sum 1,000 times, keeping the running sum in bf16 (round it
+# to bf16 after every addition). What is the result?
+#
+# (b) How far is `1.0` from the next larger bf16 number?
+#
+# Compute both (with `ml_dtypes.bfloat16`, which comes with JAX), do not type them.
+
+# %%
+import ml_dtypes
+
+sum_of_ones_bf16 = gap_above_one = None  # your two answers
+### BEGIN SOLUTION Exercise 4 (bf16 with numbers)
+total = ml_dtypes.bfloat16(0)
+for _ in range(1000):
+    total = ml_dtypes.bfloat16(np.float32(total) + np.float32(1.0))
+sum_of_ones_bf16 = float(total)
+gap_above_one = float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)
+### END SOLUTION
+
+# %%
+print(sum_of_ones_bf16, gap_above_one)
+checks.ch01.check_bf16(sum_of_ones_bf16, gap_above_one)
+
+# %% [markdown] tags=["solution"]
+# Why 256? From 256 on, the gap between neighbouring bf16 numbers is 2, so 256 + 1 lies
+# exactly half-way between 256 and 258 and rounds to the even significand, 256: the sum
+# never moves again. An fp32 accumulator (the MXU's) would give 1000.
