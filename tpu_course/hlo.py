@@ -35,6 +35,7 @@ Conventions:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import difflib
 import html
@@ -42,7 +43,7 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 # --------------------------------------------------------------------------------------
 # Compile-only TPU topologies
@@ -96,6 +97,28 @@ _TOPOLOGY_RE = re.compile(r"^(?P<gen>[a-z0-9]+):(?P<shape>\d+(x\d+){1,2})$")
 _TOPOLOGIES: dict[str, Any] = {}
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for the block: libtpu prints start-up warnings meant for
+    a TPU VM (no accelerator type, no worker hostnames) that do not apply to
+    compile-only use, and a notebook would show them as cell output."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real fd 2 (some embedded shells)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def tpu_topology(name: str) -> Any:
     """The compile-only topology ``name`` (``'v5e:2x2'``, ``'v6e:2x4'``, ``'v5p:2x2x1'`` ...).
 
@@ -131,7 +154,8 @@ def tpu_topology(name: str) -> Any:
         # lock. Not set on a real TPU, where the lock protects the chips.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
-        topo = topologies.get_topology_desc(key, "tpu")
+        with _quiet_stderr():
+            topo = topologies.get_topology_desc(key, "tpu")
     except Exception as err:  # JaxRuntimeError: INVALID_ARGUMENT from libtpu
         raise ValueError(
             f"the TPU compiler rejected topology {name!r}: {str(err).splitlines()[0]}. "

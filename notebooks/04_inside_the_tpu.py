@@ -1,0 +1,504 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 4: Inside the TPU: what `jit` produces
+#
+# Chapter 3 used `jax.jit` as a black box that makes code fast. This chapter opens the
+# box. We follow one small function down through the three programs JAX and XLA build
+# from it, read the optimised program the way a performance engineer does (fusions,
+# layouts, padding, collectives), ask XLA how many FLOPs and bytes it will cost, place it
+# on the chip's *roofline*, and then measure it without fooling ourselves.
+#
+# **A real TPU compiler, with or without a TPU.** With the course's `aot` extra
+# (`pip install "tpu-course[aot]"`, which brings `libtpu`), JAX can compile for TPU
+# topologies this machine does not have: the real TPU compiler runs here and hands back
+# the program a v5e or v6e would run. Every such cell says "compile-only". Without the
+# extra those cells print a note and skip; everything else still runs.
+#
+# **Notation** (fixed for the chapter). $F$: floating-point operations (a multiply and
+# an add are 2). $B$: bytes moved between HBM and the chip. $I = F/B$: arithmetic
+# intensity. $P$: peak FLOP/s. $W$: HBM bandwidth in bytes/s. $I^* = P/W$: the ridge
+# point (critical intensity).
+
+# %%
+# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
+# jax, jaxlib and libtpu; where the package is already installed it does nothing.
+import importlib.metadata, importlib.util, subprocess, sys
+if importlib.util.find_spec("tpu_course") is None:
+    keep = [f"{p}=={importlib.metadata.version(p)}" for p in ("jax", "jaxlib", "libtpu")
+            if importlib.util.find_spec(p)]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
+                    "tpu-course @ git+https://github.com/tpu-course/tpu-course"], check=True)
+
+# %%
+from tpu_course import runtime
+
+rt = runtime.describe()
+print(rt.banner())
+
+# %%
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tpu_course import bench, hardware, hlo, roofline
+
+ON_CPU = rt.platform == "cpu"
+AOT = hlo.tpu_compiler_available()
+print("TPU compiler (libtpu) installed:", AOT)
+if not AOT:
+    print("Note: the cells that compile for a TPU will print a note and skip. To see them, "
+          'install the extra: pip install "tpu-course[aot]" (about 700 MB), then restart.')
+
+# %% [markdown]
+# ## 1. Three programs from one function
+#
+# Take one layer of an MLP, $y = \mathrm{relu}(xW + b)$, with a batch of 64 rows, 512
+# inputs and 256 outputs. `jit` turns it into three successive programs:
+#
+# 1. the **jaxpr**: JAX's own record of the primitive operations, produced by tracing
+#    the Python function with abstract values (shapes and dtypes, no numbers);
+# 2. **StableHLO**: the jaxpr written in the portable MLIR dialect that every XLA
+#    backend accepts;
+# 3. **optimised HLO**: what the XLA compiler for *this* backend made of it, after
+#    fusion, layout assignment and (on several devices) partitioning.
+#
+# `hlo.inspect(fn, *args)` builds all three without running anything.
+
+# %%
+B, D, H = 64, 512, 256
+
+
+def layer(x, w, b):
+    return jax.nn.relu(x @ w + b)
+
+
+args = (jax.ShapeDtypeStruct((B, D), jnp.float32), jax.ShapeDtypeStruct((D, H), jnp.float32),
+        jax.ShapeDtypeStruct((H,), jnp.float32))
+report = hlo.inspect(layer, *args)
+print(report.jaxpr)
+
+# %% [markdown]
+# The jaxpr lists `dot_general` (the matmul), a `broadcast_in_dim` of the bias, an `add`
+# and a `max` against zero: four operations, each with its output shape. StableHLO says
+# the same in MLIR (the first lines are shown):
+
+# %% tags=["nbval-ignore-output"]
+print("\n".join(report.stablehlo.splitlines()[:12]))
+
+# %% [markdown]
+# The optimised HLO for the local backend is where XLA's decisions appear. The
+# highlighted lines (`>>`) are the ones that do the work: fusions, dots, convolutions.
+
+# %% tags=["nbval-ignore-output"]
+print(report.show_hlo())
+
+# %% [markdown]
+# The report also carries XLA's cost analysis, its memory analysis and the compile
+# time, in one table (per device):
+
+# %% tags=["nbval-ignore-output"]
+report
+
+# %% [markdown]
+# ### The same layer, compiled for a TPU v5e
+#
+# With the TPU extra, `target="v5e:2x2"` compiles for one chip of a 2x2 v5e slice that
+# this machine does not have. Look for three TPU-specific things: the layouts now carry
+# a tiling such as `T(8,128)` (HBM stores arrays in tiles of 8 sublanes x 128 lanes);
+# the matmul is a `convolution` inside a fusion (the MXU's instruction); and the bias
+# add and the relu are fused *into* the matmul's output fusion, so the intermediate
+# never goes to HBM.
+
+# %%
+if AOT:
+    tpu_report = hlo.inspect(layer, *args, target="v5e:2x2")
+    print(f"compiled for {tpu_report.target} ({tpu_report.device_kind}), "
+          f"compile-only: {tpu_report.compile_only}")
+    print("top-level ops:", tpu_report.compute_ops)
+    for f in tpu_report.fusions:
+        print(f"  fusion {f.kind}: {f.ops}")
+    print("the fusion the chip runs:")
+    print("   ", tpu_report.lines("fusion")[-1])
+else:
+    print("skipped: needs the TPU extra (libtpu) to compile for a TPU")
+
+# %% [markdown]
+# ## 2. Fusion, seen and measured
+#
+# Fusion is XLA's most important optimisation for memory-bound code: a chain of
+# elementwise operations becomes one kernel that reads the input once and writes the
+# output once, instead of writing and re-reading every intermediate. The tanh
+# approximation of GELU is a good chain (8 elementwise operations). We compile it as
+# is, then with `lax.optimization_barrier` after each step, which forbids XLA to fuse
+# across it, and compare what XLA says.
+
+# %%
+def gelu(x):
+    return 0.5 * x * (1.0 + jnp.tanh(0.7978845608 * (x + 0.044715 * x**3)))
+
+
+def gelu_unfused(x):
+    cut = jax.lax.optimization_barrier
+    inner = cut(x + 0.044715 * cut(x**3))
+    return 0.5 * x * cut(1.0 + cut(jnp.tanh(0.7978845608 * inner)))
+
+
+N = 1024 if ON_CPU else 8192
+x = jax.random.normal(jax.random.key(0), (N, N), jnp.float32)
+fused_r, unfused_r = hlo.inspect(gelu, x), hlo.inspect(gelu_unfused, x)
+print(f"fusions: {len(fused_r.fusions)} vs {len(unfused_r.fusions)}")
+print(f"bytes accessed (XLA): {fused_r.bytes_accessed / 2**20:.1f} MiB vs "
+      f"{unfused_r.bytes_accessed / 2**20:.1f} MiB  "
+      f"(the array itself is {x.nbytes / 2**20:.0f} MiB)")
+
+# %% [markdown]
+# The fused version touches the array about twice (read $x$, write $y$); the unfused
+# one writes and re-reads each intermediate. `report.diff(other)` sets the two side by
+# side, op by op:
+
+# %% tags=["nbval-ignore-output"]
+fused_r.diff(unfused_r)
+
+# %% [markdown]
+# Does it matter in time? Elementwise code is memory-bound, so the time should follow
+# the bytes. The harness measures both (compile apart, warm-up, waiting for results):
+
+# %% tags=["nbval-ignore-output"]
+t_fused = bench.benchmark(jax.jit(gelu), x, repeats=5, min_time=0.2)
+t_unfused = bench.benchmark(jax.jit(gelu_unfused), x, repeats=5, min_time=0.2)
+print(f"fused   {t_fused.median_s * 1e3:8.3f} ms  ({rt.platform.upper()} timing)")
+print(f"unfused {t_unfused.median_s * 1e3:8.3f} ms")
+print(f"unfused / fused time: {bench.compare(t_fused, t_unfused) ** -1:.2f}x; "
+      f"bytes ratio from XLA: {unfused_r.bytes_accessed / fused_r.bytes_accessed:.2f}x")
+
+# %% [markdown]
+# On an accelerator the time ratio tracks the byte ratio closely. On a CPU it is
+# smaller: a CPU's caches hide part of the extra traffic for arrays of a few MiB.
+
+# %% [markdown]
+# ## 3. FLOPs and bytes: XLA against a hand count
+#
+# For the layer, count by hand. The matmul does $2 \cdot B \cdot D \cdot H$ FLOPs (each
+# of the $B \cdot H$ outputs is a sum of $D$ products: a multiply and an add each); the
+# bias add and the relu one FLOP per output element each. The bytes: read $x$, $W$, $b$
+# once, write $y$ once, 4 bytes per fp32 element.
+
+# %%
+hand_flops = 2 * B * D * H + 2 * B * H
+hand_bytes = (B * D + D * H + H + B * H) * 4
+rows = [("hand count", hand_flops, hand_bytes),
+        ("XLA, this runtime", report.flops, report.bytes_accessed)]
+if AOT:
+    rows.append(("XLA, TPU v5e (compile-only)", tpu_report.flops, tpu_report.bytes_accessed))
+for name, flops, nbytes in rows:
+    print(f"{name:<29} FLOPs {flops:>12,.0f}   bytes {nbytes:>10,.0f}   "
+          f"intensity {flops / nbytes:6.1f}")
+
+# %% [markdown]
+# The FLOPs agree to within the elementwise work (compilers differ on how many FLOPs a
+# `max` costs). The bytes agree on the CPU. The TPU's cost model reports more bytes
+# than the minimum: it counts the traffic of each fused operand at its tiled, padded
+# size and as the MXU kernel streams it, not the ideal "read each input once". Keep
+# both in mind: the hand count is the *floor*, XLA's number what this compiler expects.
+
+# %% [markdown]
+# ## 4. Arithmetic intensity and the roofline
+#
+# A chip can do at most $P$ FLOP/s and move at most $W$ bytes/s, so a kernel with
+# intensity $I$ runs at most at $\min(P, I \cdot W)$: the *roofline*. Below the ridge
+# point $I^* = P/W$ the memory roof binds. For a square $n \times n$ bf16 matmul,
+# $I = 2n^3 / (3n^2 \cdot 2) = n/3$, which grows with $n$; for an elementwise op it is a
+# small constant. On a TPU v5e:
+
+# %%
+v5e = hardware.get("v5e")
+print(f"v5e: P = {v5e.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, "
+      f"W = {v5e.hbm_bytes_per_s / 1e9:.0f} GB/s, ridge I* = {roofline.ridge_point(v5e):.0f} FLOP/byte")
+points = []
+for n in (128, 256, 512, 1024, 2048, 4096, 8192):
+    e = roofline.estimate(roofline.matmul_flops(n, n, n), roofline.matmul_bytes(n, n, n, 2), v5e)
+    points.append(roofline.Point(f"matmul {n}", e.intensity, e.attainable_flops_per_s, measured=False))
+    print(f"matmul {n:>5}: I = {e.intensity:7.1f}  {e.bound:>7}-bound  "
+          f"at best {e.attainable_flops_per_s / 1e12:6.1f} TFLOP/s")
+for label, ai in (("x + y (fp32)", roofline.elementwise_intensity(1, 2, 1, 4)),
+                  ("gelu (fp32)", roofline.elementwise_intensity(8, 1, 1, 4))):
+    points.append(roofline.Point(label, ai, roofline.attainable_flops_per_s(ai, v5e), measured=False))
+    print(f"{label:>12}: I = {ai:7.3f}   memory-bound  at best "
+          f"{roofline.attainable_flops_per_s(ai, v5e) / 1e12:6.3f} TFLOP/s")
+
+# %%
+import matplotlib.pyplot as plt
+
+roofline.plot(v5e, points)
+plt.show()
+
+# %% [markdown]
+# Hollow markers are predictions. On a TPU or GPU this notebook also measures the
+# matmuls and places the measured points (filled) on the chip's own roof; on a CPU there
+# is no chip roof in the table to compare against, and it says so.
+
+# %% tags=["nbval-ignore-output"]
+if rt.chip is None:
+    print("This runtime has no roof in tpu_course.hardware (a CPU or an unknown chip): "
+          "measured points would not be comparable, so none are drawn.")
+else:
+    measured = []
+    for n in (512, 1024, 2048, 4096, 8192):
+        a = jnp.ones((n, n), jnp.bfloat16)
+        r = bench.benchmark(jax.jit(jnp.matmul), a, a, repeats=5, min_time=0.1, warn=False)
+        measured.append(roofline.Point(f"{n}", roofline.matmul_intensity(n, n, n), r.flops_per_s))
+        print(f"matmul {n}: {r.flops_per_s / 1e12:.1f} TFLOP/s = {r.fraction_of_peak:.0%} of peak")
+    roofline.plot(rt.chip, measured)
+    plt.show()
+
+# %% [markdown]
+# ## 5. A correct benchmark, and three classic mistakes
+#
+# `bench.benchmark` compiles first and reports that time apart, warms up, waits for
+# every output with `block_until_ready`, repeats until the numbers are stable, watches
+# for recompilation, and warns when the spread is too large to trust. Here is what each
+# rule saves us from, with numbers from this runtime.
+
+# %%
+n = 1024 if ON_CPU else 4096
+a = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+
+
+def step(a):
+    return jnp.tanh(a @ a) @ a
+
+
+# %% tags=["nbval-ignore-output"]
+import time
+
+good = bench.benchmark(jax.jit(step), a, repeats=5, min_time=0.2)
+good
+
+# %% tags=["nbval-ignore-output"]
+# Mistake 1: no warm-up. The first call traces and compiles before it runs (clearing
+# JAX's caches makes this call as cold as the first one in a fresh process).
+jax.clear_caches()
+fresh = jax.jit(step)
+start = time.perf_counter()
+fresh(a).block_until_ready()
+cold_s = time.perf_counter() - start
+
+# Mistake 2: no block_until_ready. The call returns once the work is *queued*.
+start = time.perf_counter()
+out = fresh(a)
+dispatch_s = time.perf_counter() - start
+out.block_until_ready()
+
+# Mistake 3: timing a recompile. A shape that changes every call compiles every call.
+jitted = jax.jit(step)
+start = time.perf_counter()
+for k in range(5):
+    jitted(a[: n - k, : n - k]).block_until_ready()
+recompile_s = (time.perf_counter() - start) / 5
+
+for what, t in (("correct (harness median)", good.median_s), ("1. no warm-up", cold_s),
+                ("2. no block_until_ready", dispatch_s), ("3. recompiling each call", recompile_s)):
+    print(f"{what:<26} {t * 1e3:10.3f} ms   {t / good.median_s:8.2f}x the correct time")
+
+# %% [markdown]
+# The harness catches the third mistake by itself: it counts JAX's compile events
+# during the timed samples and reports them.
+
+# %% tags=["nbval-ignore-output"]
+sizes = iter(range(10**6))
+
+
+def changing(a):
+    m = n - next(sizes) % 7  # a different square shape on most calls
+    return jitted(a[:m, :m])
+
+
+r = bench.benchmark(changing, a, repeats=5, min_time=0.0, number=1, warn=False)
+print("recompilations seen while timing:", r.recompilations)
+print(r.warnings[0])
+
+# %% [markdown]
+# ## 6. bf16 against fp32
+#
+# bf16 halves the bytes of every array, so a memory-bound op moves half the data, and
+# the MXU multiplies bf16 natively (fp32 matmuls on a TPU take several bf16 passes).
+# What the compiler sees, for a 1024-cubed matmul:
+
+# %%
+for dt in (jnp.float32, jnp.bfloat16):
+    s = jax.ShapeDtypeStruct((1024, 1024), dt)
+    if AOT:
+        r = hlo.inspect(jnp.matmul, s, s, target="v5e:1x1")
+        print(f"{jnp.dtype(dt).name:>8} on v5e (compile-only): FLOPs {r.flops:,.0f}, "
+              f"argument bytes {r.argument_bytes:,}, output bytes {r.output_bytes:,}")
+    else:
+        print("skipped: needs the TPU extra")
+
+# %% tags=["nbval-ignore-output"]
+n = 1024 if ON_CPU else 8192
+for dt in (jnp.float32, jnp.bfloat16):
+    m = jnp.ones((n, n), dt)
+    r = bench.benchmark(jax.jit(jnp.matmul), m, m, repeats=5, min_time=0.1, warn=False)
+    frac = "" if r.fraction_of_peak is None else f" = {r.fraction_of_peak:.0%} of the bf16 peak"
+    print(f"{jnp.dtype(dt).name:>8} {n}^3 matmul on {rt.platform.upper()}: "
+          f"{r.flops_per_s / 1e12:.3f} TFLOP/s{frac}")
+if ON_CPU:
+    print("On a CPU bf16 has no fast matrix unit, so it is not faster here: this is "
+          "a CPU timing, not a TPU one.")
+
+# %% [markdown]
+# ## 7. Shapes that pad badly
+#
+# Two kinds of padding cost a TPU. **In HBM**, arrays are stored in tiles of 8 x 128
+# (the layout `T(8,128)` in the HLO): the last dimension pads to a multiple of 128 and
+# the one before to 8. **In the MXU**, a matmul is cut into blocks of the array's size:
+# 128 x 128 on v5e, 256 x 256 on v6e, and a dimension that is not a multiple pays for a
+# whole extra block. The TPU compiler's memory analysis shows the first:
+
+# %%
+if AOT:
+    for shape in ((100, 100), (128, 128), (129, 128), (64, 384)):
+        r = hlo.inspect(lambda x: x + 1, jax.ShapeDtypeStruct(shape, jnp.float32), target="v5e:1x1")
+        logical = int(np.prod(shape)) * 4
+        layout = [l for l in r.lines("parameter") if "f32" in l][0].split(" = ")[1].split(" ")[0]
+        print(f"f32{list(shape)!s:<11} layout {layout:<28} logical {logical:>7,} B  "
+              f"in HBM {r.argument_bytes:>7,} B  ({r.argument_bytes / logical:.2f}x)")
+else:
+    print("skipped: needs the TPU extra")
+
+# %% [markdown]
+# The MXU's padding follows from its width. A dimension $d$ mapped onto an array of
+# width $w$ uses $\lceil d/w \rceil$ blocks, of which a fraction $d / (w\lceil d/w
+# \rceil)$ does useful work. For a `[B, K] @ [K, N]` matmul the contracted $K$ and the
+# output width $N$ both land on the array:
+
+# %%
+def mxu_fraction(k, n, width):
+    pad = lambda d: -(-d // width) * width  # noqa: E731
+    return (k * n) / (pad(k) * pad(n))
+
+
+v6e = hardware.get("v6e")
+print(f"{'K x N':>12} {'v5e (128)':>10} {'v6e (256)':>10}")
+for k, n in ((128, 128), (384, 384), (1000, 1000), (130, 130), (4096, 4096)):
+    print(f"{f'{k} x {n}':>12} {mxu_fraction(k, n, v5e.mxu_size):>10.0%} "
+          f"{mxu_fraction(k, n, v6e.mxu_size):>10.0%}")
+
+# %% [markdown]
+# 384 is a perfect fit for v5e's 128-wide MXU and, in each dimension, fills only 1.5 of
+# the 2 blocks of v6e's 256-wide one (56% of the work is useful). Where does this show
+# in the compiled program? Compile the same 384-cubed matmul for both chips:
+
+# %%
+if AOT:
+    s = jax.ShapeDtypeStruct((384, 384), jnp.bfloat16)
+    for target in ("v5e:1x1", "v6e:1x1"):
+        r = hlo.inspect(jnp.matmul, s, s, target=target)
+        conv = [l for l in r.hlo.splitlines() if " convolution(" in l]
+        print(f"{target}: FLOPs {r.flops:,.0f}; argument + output + temp bytes "
+              f"{r.argument_bytes:,} + {r.output_bytes:,} + {r.temp_bytes:,}")
+        print("   ", hlo.clean_line(conv[0]).split(", dim_labels")[0] if conv else "(no convolution line)")
+else:
+    print("skipped: needs the TPU extra")
+
+# %% [markdown]
+# The two programs are the same at the HLO level: the same FLOPs, the same `T(8,128)`
+# HBM layouts, the same bytes. The MXU's block size is applied *below* HLO, when the
+# backend turns the convolution into MXU instructions, so the HLO and the memory
+# analysis show the HBM tiling (the 1.33x of `f32[100,100]` above) but not the MXU's
+# padding: that one is the arithmetic of the table above, and it shows up in the
+# measured time on the chip. Rule of thumb: keep the matmul dimensions multiples of
+# 128 on v5e and earlier, of 256 on v6e.
+
+# %% [markdown]
+# ## 8. Profiling a step
+#
+# Timing says *how long*; a profile says *where the time went*: which kernels ran, for
+# how long, and what the host did in between. `jax.profiler.trace(folder)` records
+# everything inside the `with` block into `folder`; `StepTraceAnnotation` marks each
+# training step so the viewer can group them.
+
+# %% tags=["nbval-ignore-output"]
+import pathlib
+import tempfile
+
+logdir = pathlib.Path(tempfile.mkdtemp(prefix="ch04-profile-"))
+f = jax.jit(step)
+f(a).block_until_ready()  # compile outside the trace
+with jax.profiler.trace(str(logdir)):
+    for i in range(3):
+        with jax.profiler.StepTraceAnnotation("step", step_num=i):
+            f(a).block_until_ready()
+for path in sorted(logdir.rglob("*.*")):
+    print(path.relative_to(logdir), f"{path.stat().st_size:,} bytes")
+
+# %% [markdown]
+# To look at it, install the viewer and point it at the folder:
+#
+# ```
+# pip install xprof
+# xprof --logdir <folder>        # then open http://localhost:8791 and pick "trace_viewer"
+# ```
+#
+# (TensorBoard with `tensorboard-plugin-profile` reads the same folder.) The trace
+# viewer shows one row per device stream and one for the host: on a TPU, each fusion
+# from the HLO above appears as a kernel with its duration, and gaps between kernels
+# are time the chip sat idle waiting for the host.
+
+# %% [markdown]
+# ## 9. TPU generations beside GPUs, with the same arithmetic
+#
+# The roofline needs only two numbers per chip. Here they are for the TPUs and the
+# NVIDIA GPUs in the course's table (bf16 dense peaks, HBM bandwidth; sources in
+# `hardware.SOURCES`), with the time a 8192-cubed bf16 matmul and an fp32 `x + y` of
+# $2^{28}$ elements (1 GiB per array) take at best:
+
+# %%
+mm = roofline.estimate(roofline.matmul_flops(8192, 8192, 8192),
+                       roofline.matmul_bytes(8192, 8192, 8192, 2), v5e)
+print(f"{'chip':<22} {'TFLOP/s':>8} {'HBM GB/s':>9} {'ridge':>6} {'8192^3 ms':>10} {'x+y ms':>7}")
+for name in ("v4", "v5e", "v5p", "v6e", "7x", "a100", "h100", "h200"):
+    chip = hardware.get(name)
+    t_mm = roofline.estimate(mm.flops, mm.bytes_moved, chip).time_s
+    t_add = roofline.estimate(2**28, 3 * 2**28 * 4, chip).time_s
+    print(f"{chip.display_name:<22} {chip.peak_bf16_flops_per_s / 1e12:>8,.0f} "
+          f"{chip.hbm_bytes_per_s / 1e9:>9,.0f} {roofline.ridge_point(chip):>6,.0f} "
+          f"{t_mm * 1e3:>10.2f} {t_add * 1e3:>7.2f}")
+
+# %% [markdown]
+# Read it by columns. The big matmul is compute-bound everywhere, so its time follows
+# the peak. The `x + y` is memory-bound everywhere, so its time follows the bandwidth,
+# and the chips rank differently. The ridge is the batch size (in tokens, for a bf16
+# layer with large weights) below which a matmul cannot keep the chip busy: a few
+# hundred on every modern chip, which is why small batches waste accelerators.
+
+# %% [markdown]
+# ## Takeaways
+#
+# * `jit` builds a jaxpr, then StableHLO, then an optimised HLO per backend;
+#   `hlo.inspect` shows all three, and with the TPU extra it shows a real TPU program
+#   on any machine.
+# * Fusion keeps intermediates out of HBM; for memory-bound code the bytes saved are
+#   the time saved.
+# * $F$ and $B$ from XLA and from a hand count should agree; when they do not, the gap
+#   (elementwise FLOPs, tiled traffic) is worth understanding.
+# * The roofline, $\min(P, I \cdot W)$, says which resource binds; the ridge $P/W$ is a
+#   few hundred FLOP/byte on current chips.
+# * Time with warm-up, compile apart, `block_until_ready` on every output, no
+#   recompiles, and enough repeats to know the spread: `bench.benchmark` does all five.
+# * Shapes that are multiples of 128 (v5e) or 256 (v6e) fill the MXU; others pay for
+#   padding, which the TPU compiler's layouts and memory analysis make visible.
