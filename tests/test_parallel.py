@@ -133,31 +133,15 @@ def test_sharded_training_matches_single_device_ring_and_pipeline(subprocess_run
 
 
 CHAPTER5 = """
-import json, jax, numpy as np, optax
-from flax import nnx
-from tpu_course import parallel, models, train
+import json, numpy as np
+from tpu_course import parallel
 mesh = parallel.cpu_mesh((8,), ("data",))
 rng = np.random.default_rng(0)
-imgs = rng.integers(0, 255, (3, 64, 28, 28), dtype=np.uint8)
-labels = rng.integers(0, 10, (3, 64)).astype(np.int32)
-w = np.ones((64,), np.float32)
-tx = optax.sgd(0.05)
-out = {}
-for s in ("single", "dp", "fsdp", "tp"):
-    model = models.MLP(hidden=(128, 64), rngs=nnx.Rngs(0))
-    graphdef, state = train.init_state(model, tx)
-    step = train.make_train_step(graphdef, tx)
-    if s == "single":
-        f = jax.jit(step); put = lambda b: b
-    else:
-        f, ss, sb = parallel.make_sharded_train_step(step, s, state, mesh)
-        state = jax.device_put(state, ss)
-        put = lambda b: jax.device_put(b, sb)
-    losses = []
-    for i in range(3):
-        state, m = f(state, put(train.Batch(imgs[i], labels[i], w)))
-        losses.append(float(m["loss"]))
-    out[s] = losses
+imgs = rng.integers(0, 255, (192, 28, 28), dtype=np.uint8)
+labels = rng.integers(0, 10, (192,)).astype(np.int32)
+out = {"single": parallel.train_chapter5(None, None, imgs, labels, steps=3)}
+for s in ("dp", "fsdp", "tp"):
+    out[s] = parallel.train_chapter5(s, mesh, imgs, labels, steps=3)
 print(json.dumps(out))
 """
 

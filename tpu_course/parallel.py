@@ -217,6 +217,43 @@ def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mes
     return jitted, s_state, s_batch
 
 
+def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
+                   labels: np.ndarray, *, steps: int = 5, batch_size: int = 64,
+                   hidden: Sequence[int] = (128, 64), lr: float = 0.05, seed: int = 0) -> list[float]:
+    """Train the chapter-5 ``models.MLP`` for ``steps`` SGD steps; return the losses.
+
+    ``strategy=None`` is the single-device reference (plain ``jax.jit`` on the default
+    device); otherwise the same step under :func:`make_sharded_train_step` on ``mesh``.
+    The batches are the first ``steps x batch_size`` images in order, so every run sees
+    the same data: the losses must agree to float rounding.
+    """
+    import optax
+    from flax import nnx
+
+    from tpu_course import models, train
+
+    tx = optax.sgd(lr)
+    model = models.MLP(hidden=tuple(hidden), rngs=nnx.Rngs(seed))
+    graphdef, state = train.init_state(model, tx)
+    step = train.make_train_step(graphdef, tx)
+    if strategy is None:
+        fn, put = jax.jit(step), (lambda b: b)
+    else:
+        if mesh is None:
+            raise ValueError("a sharded run needs a mesh")
+        fn, s_state, s_batch = make_sharded_train_step(step, strategy, state, mesh)
+        state = jax.device_put(state, s_state)
+        put = lambda b: jax.device_put(b, s_batch)  # noqa: E731
+    weights = np.ones((batch_size,), np.float32)
+    losses = []
+    for i in range(steps):
+        sl = slice(i * batch_size, (i + 1) * batch_size)
+        batch = train.Batch(images[sl], labels[sl].astype(np.int32), weights)
+        state, metrics = fn(state, put(batch))
+        losses.append(float(metrics["loss"]))
+    return losses
+
+
 # ------------------------------------------------- the MLP block, collectives by hand
 
 
