@@ -490,7 +490,7 @@ def _phase_parts(segments: list[tuple[int, int, int, int, int]], issue: np.ndarr
         pre += s0 - load0
         fill += first_out - s0
         steady += last_in + 1 - first_out
-        stall += int(np.count_nonzero(~issue[first_out:last_in + 1])) if s0 + 0 <= last_in else 0
+        stall += int(np.count_nonzero(~issue[first_out:last_in + 1]))
         drain += last_out - last_in
         labels[load0:s0] = "preload"
         labels[s0:first_out] = "fill"
@@ -542,6 +542,7 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
     load_start[0] = 0
     streams: list[int] = []   # folds whose skewed feed is still entering
     swaps: list[int] = []     # folds whose first activation is still crossing the array
+    inflight: list[int] = []  # folds with a vector somewhere in the array
     nxt = 0                   # next fold to stream
     prev_done = True          # (scalesim) the previous fold's last result has left
     corner = R - 1 + C - 1    # cycles from a vector's entry to its result leaving column C-1
@@ -563,6 +564,7 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
             stream_start[f] = t
             streams.append(f)
             swaps.append(f)
+            inflight.append(f)
             nxt += 1
             prev_done = False
             if timing == "tpu" and f + 1 < F:      # double buffering: next weights start now
@@ -579,11 +581,12 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
                 swaps.pop(0)
         # -- the band of columns that hold a vector of some fold (others are idle)
         lo, hi = C, 0
-        for f in range(max(0, nxt - 1 - (R + C) // max(1, min(T, R)) - 1), nxt):
+        while inflight and t - stream_start[inflight[0]] > T - 1 + corner:
+            inflight.pop(0)                   # its last result has left
+        for f in inflight:                    # vector u - k - j of fold f is in cell (k, j)
             u = t - stream_start[f]
-            if u <= T - 1 + corner:
-                lo = min(lo, max(0, u - (T - 1) - (R - 1)))
-                hi = max(hi, min(C, u + 1))
+            lo = min(lo, max(0, u - (T - 1) - (R - 1)))
+            hi = max(hi, min(C, u + 1))
         if lo < hi:
             # -- left edge: the skewed feeds of the folds still entering
             if lo == 0:
