@@ -314,6 +314,22 @@ for name, dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", 
     print(f"{name:9s} {1:4d} {fi.nexp:8d} {fi.nmant:11d} {float(fi.max):12.4g} {float(fi.eps):12.4g}")
 
 # %% [markdown]
+# The same number, π, in the three formats, bit by bit (sign | exponent | significand).
+# bf16 is simply the top half of the float32 pattern, rounded.
+
+# %%
+def bits(value, dtype):
+    x = np.array(value, np.float32).astype(dtype)
+    width = x.dtype.itemsize * 8
+    raw = format(int(x.view(np.uint32 if width == 32 else np.uint16)), f"0{width}b")
+    exp = ml_dtypes.finfo(dtype).nexp
+    return f"{raw[0]} | {raw[1:1 + exp]} | {raw[1 + exp:]}"
+
+
+for name, dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
+    print(f"{name:9s} {bits(np.pi, dt):38s} = {float(np.array(np.pi, np.float32).astype(dt)):.7f}")
+
+# %% [markdown]
 # **Range.** A value of 70,000 (a large activation or an un-normalised gradient sum)
 # overflows float16 to infinity; bf16 keeps it, coarsely. **Precision.** bf16's gap above
 # 1 is 2⁻⁷ ≈ 0.008: about 2 to 3 significant decimal digits.

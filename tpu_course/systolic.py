@@ -130,7 +130,8 @@ class Frame:
 
     Arrays are ``rows x cols``; ``nan`` marks an empty register. ``held`` is the
     stationary operand (``"ws"``: weights; ``"is"``: inputs; ``"os"``: the
-    accumulators), ``horizontal`` the operands moving right, ``vertical`` what moves down
+    accumulators; for ``"ws"``/``"is"`` a cell shows its latched shadow weight until the
+    fold's first activation reaches it and swaps it in), ``horizontal`` the operands moving right, ``vertical`` what moves down
     (partial sums for ``"ws"``/``"is"``, ``b`` for ``"os"``), ``output`` the M x N result
     as written so far.
     """
