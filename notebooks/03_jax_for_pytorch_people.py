@@ -258,7 +258,8 @@ before = bench.compile_counts()["compiles"]
 for b in batches:
     padded, n = pad_to_bucket(b)
     out = np.asarray(predict_bucketed(padded))[:n]
-    assert np.allclose(out, np.asarray(predict(b)), atol=1e-6)
+    # the real rows are unchanged (to this runtime's matmul precision: section 10)
+    assert np.allclose(out, np.asarray(predict(b)), atol=1e-2)
 after = bench.compile_counts()["compiles"]
 print(f"padded to buckets {BUCKETS}: {predict_bucketed._cache_size()} compiled versions; "
       f"JAX's compile events during the loop: {after - before}")
@@ -332,11 +333,12 @@ batched_loss = jax.vmap(example_loss, in_axes=(None, 0, 0))      # w shared, x a
 per_example = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0))(w, X, Y)
 closed_form = (X @ w - Y)[:, None] * X                           # d/dw of 0.5 (x.w - y)^2
 print("losses", [round(float(v), 3) for v in batched_loss(w, X, Y)])
+# (tolerances allow for a TPU's default bfloat16 matmul pass, section 10)
 print("per-example grads, shape", per_example.shape, "match closed form:",
-      bool(jnp.allclose(per_example, closed_form, atol=1e-5)))
+      bool(jnp.allclose(per_example, closed_form, rtol=1e-2, atol=1e-2)))
 print("their sum is the batch gradient:",
       bool(jnp.allclose(per_example.sum(0),
-                        jax.grad(lambda w: batched_loss(w, X, Y).sum())(w), atol=1e-5)))
+                        jax.grad(lambda w: batched_loss(w, X, Y).sum())(w), rtol=1e-2, atol=1e-2)))
 
 # %% [markdown]
 # ## 5. Explicit random keys instead of a global seed
@@ -522,9 +524,10 @@ print(f"float32 (HIGHEST):              max error / max |C| = {rel_err(full_fp32
 print(f"one bf16 pass (TPU's DEFAULT):  max error / max |C| = {rel_err(one_bf16_pass):.0e}")
 
 # %% [markdown]
-# On the runtime this notebook runs on, the real default against HIGHEST (on a CPU both
+# On the runtime this notebook runs on, the real default against float32 (on a CPU both
 # are float32, so the two lines agree; on a TPU the default line shows the bfloat16
-# error above):
+# error above; on a recent NVIDIA GPU, XLA's default for float32 may use TF32, whose
+# 10-bit mantissa gives an error between the two):
 
 # %% tags=["nbval-ignore-output"]
 default = jnp.dot(a, b)

@@ -100,7 +100,9 @@ def check_bucketing(bucketed: Callable[..., Any], buckets: tuple[int, ...] = BUC
     fn = jax.jit(lambda x: jnp.tanh(x @ Wj))
     for n in RAGGED_SIZES:
         x = rng.standard_normal((n, 6)).astype(np.float32)
-        got = np.asarray(bucketed(fn, jnp.asarray(x), buckets))
+        # float32 matmuls (a TPU's default is one bfloat16 pass, a GPU's may be TF32)
+        with jax.default_matmul_precision("float32"):
+            got = np.asarray(bucketed(fn, jnp.asarray(x), buckets))
         want = np.tanh(x.astype(np.float64) @ W)
         if got.shape != want.shape:
             return fail(name, f"a batch of {n} rows gave an output of shape {got.shape}, "
@@ -130,6 +132,7 @@ def per_example_grads_reference(w: np.ndarray, X: np.ndarray, Y: np.ndarray) -> 
 def check_per_example_grads(per_example_grads: Callable[[Any, Any, Any], Any]
                             ) -> CheckResult:
     """``per_example_grads(w, X, Y)`` returns one gradient row per example (n, d)."""
+    import jax
     import jax.numpy as jnp
 
     name = "Exercise 3 (per-example gradients)"
@@ -138,7 +141,8 @@ def check_per_example_grads(per_example_grads: Callable[[Any, Any, Any], Any]
     w = rng.standard_normal(d).astype(np.float32)
     X = rng.standard_normal((n, d)).astype(np.float32)
     Y = rng.standard_normal(n).astype(np.float32)
-    got = np.asarray(per_example_grads(jnp.asarray(w), jnp.asarray(X), jnp.asarray(Y)))
+    with jax.default_matmul_precision("float32"):  # not bf16 (TPU) or TF32 (GPU) passes
+        got = np.asarray(per_example_grads(jnp.asarray(w), jnp.asarray(X), jnp.asarray(Y)))
     want = per_example_grads_reference(w, X, Y)
     if got.shape != want.shape:
         hint = ""
