@@ -189,7 +189,7 @@ print(comms.recommend("v5p", 7e10, 2e4, slices=2))
 rng = np.random.default_rng(0)
 imgs = rng.integers(0, 255, (192, 28, 28), dtype=np.uint8)
 labels = rng.integers(0, 10, (192,)).astype(np.int32)
-reference = parallel.train_chapter5(None, None, imgs, labels, steps=3)
+reference = parallel.train_chapter5(None, mesh, imgs, labels, steps=3)
 for strategy in ("dp", "fsdp", "tp"):
     losses = parallel.train_chapter5(strategy, mesh, imgs, labels, steps=3)
     print(f"{strategy:<5} {np.round(losses, 4).tolist()} equal to single device: "

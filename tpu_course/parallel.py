@@ -222,8 +222,9 @@ def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
                    hidden: Sequence[int] = (128, 64), lr: float = 0.05, seed: int = 0) -> list[float]:
     """Train the chapter-5 ``models.MLP`` for ``steps`` SGD steps; return the losses.
 
-    ``strategy=None`` is the single-device reference (plain ``jax.jit`` on the default
-    device); otherwise the same step under :func:`make_sharded_train_step` on ``mesh``.
+    ``strategy=None`` is the single-device reference (plain ``jax.jit`` on the first
+    device of ``mesh``, or the default device without one: comparing a TPU run with a
+    CPU mesh would compare bf16 matmul passes with fp32 ones); otherwise the same step under :func:`make_sharded_train_step` on ``mesh``.
     The batches are the first ``steps x batch_size`` images in order, so every run sees
     the same data: the losses must agree to float rounding.
     """
@@ -236,8 +237,12 @@ def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
     model = models.MLP(hidden=tuple(hidden), rngs=nnx.Rngs(seed))
     graphdef, state = train.init_state(model, tx)
     step = train.make_train_step(graphdef, tx)
-    if strategy is None:
-        fn, put = jax.jit(step), (lambda b: b)
+    if strategy is None:  # on the mesh's first device when a mesh is given (same platform)
+        dev = mesh.devices.flat[0] if mesh is not None else None
+        fn = jax.jit(step)
+        if dev is not None:
+            state = jax.device_put(state, dev)
+        put = (lambda b: jax.device_put(b, dev)) if dev is not None else (lambda b: b)  # noqa: E731
     else:
         if mesh is None:
             raise ValueError("a sharded run needs a mesh")
