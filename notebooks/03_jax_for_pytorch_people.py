@@ -320,6 +320,18 @@ print("grads", jax.tree.map(lambda a: a.ravel().tolist(), grads))
 # give (it sums over the batch; `torch.func.vmap` now borrows JAX's answer). They are
 # what differential privacy clips, and what gradient-noise diagnostics need.
 
+# %% tags=["nbval-ignore-output"]
+pytorch("""
+w = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+X, Y = torch.ones(4, 3), torch.arange(4.0)
+rows = []
+for x, y in zip(X, Y):             # the classic way: one backward pass per example
+    w.grad = None
+    (0.5 * (x @ w - y) ** 2).backward()
+    rows.append(w.grad.clone())
+print(torch.stack(rows).shape)
+""")
+
 # %%
 def example_loss(w, x, y):                  # one example: x (d,), y scalar
     return 0.5 * (x @ w - y) ** 2
@@ -384,6 +396,16 @@ print("fold_in(step):         ", [round(float(jax.random.uniform(k)), 4) for k i
 # `model.parameters()` walks them. In JAX the parameters are just data: a pytree, usually
 # a nested dict. `jax.tree.map` applies a function to every leaf (several trees at
 # once, as long as they share the structure): an SGD step is one line.
+
+# %% tags=["nbval-ignore-output"]
+pytorch("""
+model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+model(torch.ones(1, 3)).sum().backward()
+with torch.no_grad():
+    for name, p in model.named_parameters():   # state lives on the module, updated in place
+        p -= 0.1 * p.grad
+print([(name, tuple(p.shape)) for name, p in model.named_parameters()])
+""")
 
 # %%
 params = {"fc1": {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)},

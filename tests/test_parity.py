@@ -303,3 +303,15 @@ def test_reference_without_torch_says_so(monkeypatch):
     monkeypatch.setattr(parity, "torch_available", lambda: False)
     r = parity.reference()
     assert r.source.startswith("stored:")
+
+
+def test_report_renders_every_row_as_text_and_html(ref):
+    got = dict(trace(ref))
+    got["loss"] = got["loss"] * 8
+    report = parity.compare(ref.expected, got)
+    text = str(report)
+    assert len(text.splitlines()) == 1 + len(ref.expected)
+    assert text.splitlines()[0] == report.summary()
+    page = report._repr_html_()
+    assert page.count("<tr>") == 1 + len(ref.expected)
+    assert "scaled by 8" in page
