@@ -113,7 +113,12 @@ def test_flops_rate_and_json_round_trip():
     f = jax.jit(lambda a, b: a @ b)
     r = bench.benchmark(f, jnp.ones((n, n)), jnp.ones((n, n)), repeats=3, min_time=0.0,
                         warn=False)
-    assert r.flops == 2 * n**3  # from XLA's cost analysis
+    if jax.default_backend() == "cpu":
+        assert r.flops == 2 * n**3  # from XLA's cost analysis
+    else:  # GPU library matmuls may count a little extra (or nothing: None)
+        assert r.flops is None or r.flops == pytest.approx(2 * n**3, rel=0.05)
+    if r.flops is None:
+        return
     assert r.flops_per_s == pytest.approx(r.flops / r.median_s)
     if jax.default_backend() == "cpu":
         assert r.platform == "cpu" and r.chip is None and r.fraction_of_peak is None

@@ -195,24 +195,30 @@ def normalise_cost(raw: Any) -> dict[str, float]:
     """XLA's ``cost_analysis()`` as one flat ``{name: float}`` dict.
 
     Older JAX returns a list with one dict per program (summed here), newer JAX one dict,
-    some backends ``None`` (an empty dict here).
+    some backends ``None`` (an empty dict here). A negative count is XLA's "unknown"
+    (the GPU backend gives -1 FLOPs for some library matmuls): it is left out, so
+    callers see a missing value rather than a wrong one.
 
     >>> normalise_cost([{"flops": 2.0, "bytes accessed": 8.0}, {"flops": 1.0}])
     {'flops': 3.0, 'bytes accessed': 8.0}
-    >>> normalise_cost(None)
-    {}
+    >>> normalise_cost(None), normalise_cost({"flops": -1.0, "bytes accessed": 8})
+    ({}, {'bytes accessed': 8.0})
     """
     if raw is None:
         return {}
     parts = [raw] if isinstance(raw, Mapping) else list(raw)
     out: dict[str, float] = {}
+    unknown: set[str] = set()
     for part in parts:
         for key, value in (part or {}).items():
             try:
-                out[key] = out.get(key, 0.0) + float(value)
+                x = float(value)
             except (TypeError, ValueError):
                 continue
-    return out
+            if x < 0:
+                unknown.add(key)
+            out[key] = out.get(key, 0.0) + x
+    return {k: v for k, v in out.items() if k not in unknown}
 
 
 _MEMORY_FIELDS = {
