@@ -6,8 +6,9 @@ Usage (from the repository root; ``make bench`` does this)::
     python bench/run.py matmul          # only bench_matmul.py
 
 The contract for a ``bench/bench_<topic>.py`` file: a ``main()`` that returns a dict
-with at least ``"topic"`` (a short name) and ``"rows"`` (a list of flat dicts, one per
-measurement); optional ``"checks"`` (dicts with ``"what"`` and ``"passed"``) and
+with ``"topic"`` (a short name; default: the file name after ``bench_``) and
+``"rows"`` (a list of flat dicts, one per measurement; a flat dict without ``"rows"`` is
+printed as one measurement); optional ``"checks"`` (dicts with ``"what"`` and ``"passed"``) and
 ``"notes"`` (strings). A module may also define ``table(result) -> str`` for its own
 printout; otherwise the rows are printed as a generic table. Each result is written to
 ``bench/results/<topic>-<device>.json`` with the runtime it was measured on, e.g.
@@ -86,7 +87,14 @@ def run_one(path: pathlib.Path, slug: str) -> dict[str, Any] | None:
     out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
     printer = getattr(module, "table", None)
     print(f"\n== {topic} on {result['runtime']} ({elapsed:.1f} s) -> {out.relative_to(HERE.parent)}")
-    print(printer(result) if printer else generic_table(result.get("rows", [])))
+    if printer:
+        print(printer(result))
+    elif "rows" in result:
+        print(generic_table(result["rows"]))
+    else:  # a flat result: one measurement, printed as key: value
+        skip = {"device", "runtime", "jax_version", "date_utc", "wall_s", "topic"}
+        print("\n".join(f"  {k}: {v}" for k, v in result.items()
+                        if k not in skip and not isinstance(v, (dict, list))))
     for check in result.get("checks", []):
         if not printer:
             print(f"check: {check.get('what')}: {'ok' if check.get('passed') else 'NOT MET'}")
