@@ -1,0 +1,280 @@
+"""Tests for tpu_course.train: pipelines, the step, evaluation, fit, checkpoints.
+
+Everything runs on the small MLP and synthetic data, so the whole file takes seconds.
+"""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tpu_course import models, train
+
+
+def synthetic(n_train: int = 384, n_test: int = 203, seed: int = 0) -> types.SimpleNamespace:
+    """Ten noisy class templates: learnable in a few steps, no files needed."""
+    rng = np.random.default_rng(seed)
+    templates = rng.integers(0, 256, (10, 28, 28))
+
+    def draw(n):
+        y = rng.integers(0, 10, n).astype(np.int32)
+        x = np.clip(templates[y] + rng.normal(0, 60, (n, 28, 28)), 0, 255).astype(np.uint8)
+        return x, y
+
+    (xtr, ytr), (xte, yte) = draw(n_train), draw(n_test)
+    return types.SimpleNamespace(train_images=xtr, train_labels=ytr, test_images=xte,
+                                 test_labels=yte, train_set="synthetic", name="synthetic")
+
+
+TINY = train.TrainConfig(model="mlp", epochs=2, batch_size=64, learning_rate=1e-3,
+                         warmup_steps=2, eval_batch_size=64, log_every=2, progress=False)
+
+
+def small_mlp():
+    return models.MLP(hidden=(32,), rngs=nnx.Rngs(0))
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 300), batch=st.integers(1, 64), epoch=st.integers(0, 3))
+def test_pad_yields_every_example_exactly_once(n, batch, epoch):
+    idx, w = train.epoch_indices(n, batch, seed=1, epoch=epoch, last_batch="pad")
+    assert idx.shape == w.shape == (-(-n // batch), batch)
+    real = idx[w == 1]
+    assert sorted(real.tolist()) == list(range(n))
+    assert w.sum() == n
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 300), batch=st.integers(1, 64))
+def test_drop_yields_full_batches_of_distinct_examples(n, batch):
+    if batch > n:
+        with pytest.raises(ValueError, match="last_batch='pad'"):
+            train.epoch_indices(n, batch, last_batch="drop")
+        return
+    idx, w = train.epoch_indices(n, batch, last_batch="drop")
+    assert idx.shape == (n // batch, batch) and np.all(w == 1)
+    assert len(set(idx.ravel().tolist())) == idx.size
+
+
+def test_shuffle_depends_on_seed_and_epoch_only():
+    a = train.epoch_indices(100, 10, seed=3, epoch=1)[0]
+    np.testing.assert_array_equal(a, train.epoch_indices(100, 10, seed=3, epoch=1)[0])
+    assert not np.array_equal(a, train.epoch_indices(100, 10, seed=3, epoch=2)[0])
+
+
+def test_device_epoch_indices_cover_every_example_once_when_padded():
+    idx, w = train.device_epoch_indices(jax.random.key(0), 103, 10, "pad")
+    idx, w = np.asarray(idx), np.asarray(w)
+    assert sorted(idx[w == 1].tolist()) == list(range(103))
+
+
+def test_batches_match_their_indices():
+    ds = synthetic(50, 10)
+    got = list(train.batches(ds.train_images, ds.train_labels, 16, seed=0, epoch=0,
+                             last_batch="pad"))
+    idx, w = train.epoch_indices(50, 16, seed=0, epoch=0, last_batch="pad")
+    assert len(got) == 4
+    for b, i, ww in zip(got, idx, w):
+        np.testing.assert_array_equal(b.images, ds.train_images[i])
+        np.testing.assert_array_equal(b.labels, ds.train_labels[i])
+        np.testing.assert_array_equal(b.weights, ww)
+
+
+def test_prefetch_keeps_order_and_runs_ahead():
+    pulled = []
+
+    def source():
+        for i in range(6):
+            pulled.append(i)
+            yield np.full(3, i)
+
+    seen_ahead = []
+    out = []
+    for item in train.prefetch_to_device(source(), depth=2):
+        assert isinstance(item, jax.Array)  # already on the device
+        out.append(int(item[0]))
+        seen_ahead.append(len(pulled) - len(out))
+    assert out == list(range(6))
+    assert seen_ahead[:4] == [2, 2, 2, 2]  # two transfers in flight while a step runs
+    assert [int(x[0]) for x in train.prefetch_to_device(iter([np.zeros(1)]), depth=0)] == [0]
+    with pytest.raises(ValueError):
+        list(train.prefetch_to_device(iter([]), depth=-1))
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def test_train_step_equals_a_hand_written_optax_step():
+    ds = synthetic(64, 8)
+    batch = train.Batch(ds.train_images[:32], ds.train_labels[:32], np.ones(32, np.float32))
+    tx = optax.adam(1e-2)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    new, metrics = jax.jit(train.make_train_step(graphdef, tx))(state, batch)
+
+    # Reference: the model called directly, optax.adam by hand.
+    model = small_mlp()
+    params = nnx.state(model, nnx.Param)
+
+    def loss(p):
+        logits = nnx.merge(graphdef, p)(jnp.asarray(batch.images, jnp.float32)[..., None] / 255)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels).mean()
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    want = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(metrics["loss"], value, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert int(new.step) == 1
+
+
+def test_loss_drops_on_a_fixed_batch():
+    ds = synthetic(64, 8)
+    batch = train.Batch(ds.train_images, ds.train_labels, np.ones(64, np.float32))
+    tx = optax.adam(3e-3)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    step = jax.jit(train.make_train_step(graphdef, tx), donate_argnums=0)
+    losses = []
+    for _ in range(20):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_padding_does_not_change_the_loss():
+    ds = synthetic(40, 8)
+    tx = optax.sgd(0.1)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    x, y = ds.train_images, ds.train_labels
+    full = train.loss_fn(state.params, graphdef, train.Batch(x[:30], y[:30], np.ones(30)))[0]
+    w = np.r_[np.ones(30), np.zeros(10)].astype(np.float32)
+    padded = train.loss_fn(state.params, graphdef, train.Batch(x, y, w))[0]
+    np.testing.assert_allclose(padded, full, rtol=1e-6)
+
+
+def test_bf16_compute_keeps_float32_parameters():
+    ds = synthetic(32, 8)
+    batch = train.Batch(ds.train_images, ds.train_labels, np.ones(32, np.float32))
+    tx = optax.adam(1e-3)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    f32 = train.loss_fn(state.params, graphdef, batch)[0]
+    new, m = jax.jit(train.make_train_step(graphdef, tx, compute_dtype=jnp.bfloat16))(state, batch)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new.params))
+    np.testing.assert_allclose(m["loss"], f32, rtol=2e-2)  # bf16 keeps ~3 decimal digits
+
+
+def test_device_epoch_equals_the_same_steps_run_one_by_one():
+    ds = synthetic(100, 8)
+    tx = optax.adam(1e-3)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    step = train.make_train_step(graphdef, tx)
+    key = jax.random.key(7)
+    epoch = jax.jit(train.make_device_epoch(step, 100, 16, "pad"))
+    got, metrics = epoch(state, jnp.asarray(ds.train_images), jnp.asarray(ds.train_labels), key)
+    idx, w = map(np.asarray, train.device_epoch_indices(key, 100, 16, "pad"))
+    want, jstep = state, jax.jit(step)
+    for i, ww in zip(idx, w):
+        want, _ = jstep(want, train.Batch(ds.train_images[i], ds.train_labels[i], ww))
+    assert metrics["loss"].shape == (7,)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_device_evaluate_counts_the_whole_test_set():
+    ds = synthetic(8, 203)
+    model = small_mlp()
+    graphdef, params = nnx.split(model, nnx.Param, ...)[:2]
+    ev = jax.jit(train.make_device_evaluate(train.make_eval_step(graphdef), 203, 64))
+    sums = ev(params, jnp.asarray(ds.test_images), jnp.asarray(ds.test_labels))
+    ref = train.evaluate(model, ds.test_images, ds.test_labels, batch_size=64)
+    assert float(sums["count"]) == 203 == ref.count == len(ref.predictions)
+    want = np.mean(ref.predictions == ds.test_labels)
+    assert float(sums["correct"]) / 203 == pytest.approx(want) == pytest.approx(ref.accuracy)
+    assert float(sums["loss_sum"]) / 203 == pytest.approx(ref.loss, rel=1e-4)
+
+
+def test_confusion_matrix_rows_are_true_classes():
+    cm = train.confusion_matrix(np.array([0, 0, 2]), np.array([0, 2, 2]), 3)
+    assert cm.tolist() == [[1, 0, 1], [0, 0, 0], [0, 0, 1]] and cm.sum() == 3
+
+
+# --------------------------------------------------------------------------- fit
+
+
+@pytest.mark.parametrize("pipeline", ["device", "prefetch"])
+def test_fit_tiny_config_learns(pipeline):
+    h = train.fit(TINY.replace(pipeline=pipeline), data=synthetic())
+    assert len(h.epochs) == 2 and h.train_set == "synthetic: synthetic"
+    assert h.steps[-1][1] < h.steps[0][1]  # loss every log_every steps goes down
+    assert h.test_accuracy[-1] > 0.5 and h.train_loss[1] < h.train_loss[0]
+    assert h.images_trained == 2 * (384 // 64) * 64
+    assert h.compile_time_s > 0 and h.train_time_s > 0 and h.images_per_s > 0
+    assert isinstance(h.model, models.MLP)
+    ev = train.evaluate(h.model, synthetic().test_images, synthetic().test_labels)
+    assert ev.accuracy == pytest.approx(h.test_accuracy[-1])
+
+
+def test_time_to_accuracy_reads_the_first_epoch_at_target():
+    h = train.fit(TINY.replace(epochs=3), data=synthetic())
+    target = h.test_accuracy[1]
+    tta = train.time_to_accuracy(h, target)
+    first = next(e for e in h.epochs if e.test_accuracy >= target)
+    assert tta.reached and tta.epoch == first.epoch and tta.train_time_s == first.train_time_s
+    assert tta.with_compile_s == pytest.approx(first.train_time_s + h.compile_time_s)
+    assert not train.time_to_accuracy(h, 1.01).reached
+
+
+def test_checkpoint_round_trip_resumes_exactly(tmp_path):
+    ds = synthetic(64, 8)
+    batch = train.Batch(ds.train_images, ds.train_labels, np.ones(64, np.float32))
+    tx = optax.adam(1e-3)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    step = jax.jit(train.make_train_step(graphdef, tx))
+    state, _ = step(state, batch)
+    train.save_checkpoint(tmp_path / "c.npz", state, {"note": "after one step"})
+    uninterrupted, m1 = step(state, batch)
+    fresh = train.init_state(small_mlp(), tx)[1]
+    restored, meta = train.restore_checkpoint(tmp_path / "c.npz", fresh)
+    assert meta == {"note": "after one step"} and int(restored.step) == 1
+    resumed, m2 = step(restored, batch)
+    assert float(m1["loss"]) == float(m2["loss"])
+    for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed)):
+        np.testing.assert_array_equal(a, b)
+    other = train.init_state(models.MLP(hidden=(16,), rngs=nnx.Rngs(0)), tx)[1]
+    with pytest.raises(ValueError, match="expected"):
+        train.restore_checkpoint(tmp_path / "c.npz", other)
+
+
+@pytest.mark.parametrize("pipeline", ["device", "prefetch"])
+def test_fit_resumes_from_checkpoint_bit_for_bit(tmp_path, pipeline):
+    cfg = TINY.replace(pipeline=pipeline)
+    whole = train.fit(cfg, data=synthetic())
+    # Interrupt the same 2-epoch run after epoch 1 (stop_at_accuracy=0 stops at once; the
+    # learning-rate schedule is still the 2-epoch one), then resume from its checkpoint.
+    half = train.fit(cfg.replace(stop_at_accuracy=0.0), data=synthetic(),
+                     checkpoint_dir=tmp_path / "r")
+    assert len(half.epochs) == 1
+    resumed = train.fit(cfg, data=synthetic(), checkpoint_dir=tmp_path / "r", resume=True)
+    assert resumed.test_accuracy == whole.test_accuracy
+    assert resumed.train_loss == whole.train_loss
+    for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(whole.state)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_config_rejects_unknown_choices():
+    with pytest.raises(ValueError, match="pipeline"):
+        train.TrainConfig(pipeline="tfdata")
+    with pytest.raises(ValueError, match="batch_size"):
+        train.TrainConfig(batch_size=0)
+    assert train.TrainConfig.quick().epochs <= train.TrainConfig().epochs
