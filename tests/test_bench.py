@@ -14,7 +14,7 @@ from tpu_course import bench, hardware
 
 def _chain(a):
     """Chained matmuls: tens of milliseconds on a small CPU (and on a GPU at its size)."""
-    for _ in range(4 if jax.default_backend() == "cpu" else 40):
+    for _ in range(8 if jax.default_backend() == "cpu" else 40):
         a = jnp.tanh(a @ a)
     return a
 
@@ -22,7 +22,7 @@ def _chain(a):
 def test_a_pytree_output_is_waited_on_leaf_by_leaf():
     fast = jax.jit(lambda a: a[0, 0] + 1.0)
     slow = jax.jit(_chain)
-    n = 384 if jax.default_backend() == "cpu" else 8192
+    n = 512 if jax.default_backend() == "cpu" else 8192
     a = jnp.ones((n, n)) / n
 
     def two_outputs(a):
@@ -30,16 +30,17 @@ def test_a_pytree_output_is_waited_on_leaf_by_leaf():
         return {"fast": fast(a), "slow": slow(a)}
 
     jax.block_until_ready(two_outputs(a))
-    start = time.perf_counter()
-    jax.block_until_ready(slow(a))
-    slow_s = time.perf_counter() - start
-
-    # the mistake the harness avoids: waiting on the first leaf only
-    start = time.perf_counter()
-    out = two_outputs(a)
-    out["fast"].block_until_ready()
-    naive_s = time.perf_counter() - start
-    jax.block_until_ready(out)
+    slow_s = naive_s = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(slow(a))
+        slow_s = min(slow_s, time.perf_counter() - start)
+        # the mistake the harness avoids: waiting on the first leaf only
+        start = time.perf_counter()
+        out = two_outputs(a)
+        out["fast"].block_until_ready()
+        naive_s = min(naive_s, time.perf_counter() - start)
+        jax.block_until_ready(out)
     assert naive_s < 0.5 * slow_s, "precondition: dispatch is asynchronous here"
 
     r = bench.benchmark(two_outputs, a, repeats=3, min_time=0.0, number=1, warn=False)
