@@ -233,6 +233,32 @@ else:
     print("[aot] skipped: libtpu is not installed (pip install 'tpu-course[aot]')")
 
 # %% [markdown]
+# ### The real chips (real tier)
+#
+# On a runtime with several chips (a Kaggle v5e-8, a multi-GPU box) the same steps are
+# compiled for, and run on, the real devices. On one chip or a CPU this cell says so.
+
+# %% tags=["nbval-ignore-output"]
+if real_chips > 1 and all(n % real_chips == 0 for n in (B, D, F)):
+    real_mesh = parallel.make_mesh((real_chips,), ("data",))
+    for strategy in ("dp", "fsdp", "tp"):
+        rep, got, plan = compare(strategy, real_mesh)
+        step = parallel.mlp_block_step(strategy, real_mesh)
+        pspec, xspec = parallel.mlp_block_specs(strategy)
+        prm = parallel.place(parallel.mlp_block_params(D, F), real_mesh, pspec)
+        xr = parallel.place(np.ones((B, D), np.float32), real_mesh, xspec)
+        jax.block_until_ready(step(prm, xr, xr))  # compile and warm up
+        t0 = time.perf_counter()
+        for _ in range(10):
+            out = step(prm, xr, xr)
+        jax.block_until_ready(out)
+        print(f"[real {real_chips} x {rt.device_kind}] {strategy}: collectives equal prediction: "
+              f"{got == plan.by_kind()}; step {(time.perf_counter() - t0) / 10 * 1e6:.0f} us (measured)")
+else:
+    print(f"[real] skipped: this runtime has {max(real_chips, 1)} accelerator chip(s) or none; "
+          "the sim and aot tiers stand in for it")
+
+# %% [markdown]
 # **A full v5e pod (16x16 = 256 chips), compile-only.** Compiling for 256 devices takes
 # 10-40 s per program on a 2-core CPU, so this cell runs only on a TPU runtime or with
 # `TPU_COURSE_FULL=1`. At that scale the compiler also makes its own choices: for a
@@ -350,14 +376,14 @@ w = jnp.asarray(rng.standard_normal((4, 16, 16)).astype(np.float32) / 4)
 mbs = jnp.asarray(rng.standard_normal((6, 8, 16)).astype(np.float32))
 layer = lambda wi, a: jnp.tanh(a @ wi)
 outs, timeline = parallel.gpipe_forward(layer, w, mbs, pmesh)
-seq = mbs
+seq = np.asarray(mbs)  # the reference: the 4 layers one after another, in numpy (fp32)
 for i in range(4):
-    seq = layer(w[i], seq)
+    seq = np.tanh(seq @ np.asarray(w[i]))
 tl = np.asarray(timeline)
 for s, row in enumerate(tl):
     print(f"[sim] stage {s}: " + " ".join("." if v < 0 else str(v) for v in row))
 print(f"idle fraction {np.mean(tl < 0):.3f} vs (p-1)/(m+p-1) = {comms.pipeline_bubble(4, 6):.3f}; "
-      f"outputs equal the sequential model: {np.allclose(outs, seq, atol=1e-5)}")
+      f"outputs equal the sequential model: {np.allclose(outs, seq, atol=1e-4)}")
 
 # %% [markdown]
 # ## 8. Many hosts: `jax.distributed`
