@@ -150,3 +150,27 @@ def test_chapter5_model_sharded_three_ways_matches_single_device(subprocess_runn
     out = subprocess_runner(CHAPTER5, devices=8, timeout_s=240)
     for s in ("dp", "fsdp", "tp"):
         np.testing.assert_allclose(out[s], out["single"], rtol=2e-5, err_msg=s)
+
+
+def test_make_mesh_too_big_says_what_to_do():
+    import jax
+    with pytest.raises(ValueError, match="simulate_devices"):
+        parallel.make_mesh((jax.device_count() + 1,), ("data",))
+    with pytest.raises(ValueError, match="differ in length"):
+        parallel.make_mesh((1,), ("a", "b"))
+
+
+def test_layout_of_a_single_device_array_and_specs_like_for_adam():
+    import jax
+    import optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = parallel.make_mesh((1,), ("data",), jax.devices()[:1])
+    a = jax.device_put(np.zeros((4, 4)), NamedSharding(mesh, P("data")))
+    assert parallel.layout(a).tolist() == [[jax.devices()[0].id]]
+    params = {"a": {"kernel": np.zeros((8, 16))}, "b": {"kernel": np.zeros((16, 8))}}
+    specs = parallel.param_specs("tp", params, "m", 8)
+    opt = optax.adam(1e-3).init(params)
+    like = parallel._specs_like(opt, params, specs)
+    mu = like[0].mu
+    assert mu["a"]["kernel"] == P(None, "m") and mu["b"]["kernel"] == P("m", None)
+    assert like[0].count == P()
