@@ -449,9 +449,9 @@ class TrainConfig:
     features: tuple[int, int] = (16, 32)
     hidden: int = 128
     epochs: int = 5
-    batch_size: int = 128
-    learning_rate: float = 3e-3
-    warmup_steps: int = 50
+    batch_size: int = 64
+    learning_rate: float = 5e-3
+    warmup_steps: int = 10
     seed: int = 0
     pipeline: str = "device"
     prefetch: int = 2
@@ -479,7 +479,7 @@ class TrainConfig:
     @classmethod
     def quick(cls, **overrides: Any) -> "TrainConfig":
         """The preset for a 2-core CPU (CI): the same model and data, 3 epochs, fp32."""
-        base = dict(epochs=3, batch_size=128, eval_batch_size=1000)
+        base = dict(epochs=3, eval_batch_size=1000)
         base.update(overrides)
         return cls(**base)
 
