@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from tpu_course import bench, hardware, hlo, roofline
 from tpu_course.checks import ch04
 
-print("TPU compiler (libtpu) installed:", hlo.tpu_compiler_available())
+print("compile-only TPU targets available:", hlo.compile_only_available())
 
 # %% [markdown]
 # ## Exercise 1: the FLOPs of a matmul

@@ -57,8 +57,8 @@ import numpy as np
 from tpu_course import bench, hardware, hlo, roofline
 
 ON_CPU = rt.platform == "cpu"
-AOT = hlo.tpu_compiler_available()
-print("TPU compiler (libtpu) installed:", AOT)
+AOT = hlo.compile_only_available()
+print("compile-only TPU targets available:", AOT)
 if not AOT:
     print("Note: the cells that compile for a TPU will print a note and skip. To see them, "
           'install the extra: pip install "tpu-course[aot]" (about 700 MB), then restart.')

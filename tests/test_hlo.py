@@ -144,6 +144,7 @@ def test_report_texts_memory_and_fusion_of_an_elementwise_chain():
 
     r = hlo.inspect(chain, jnp.ones((256, 128), jnp.float32))
     assert "exp" in r.jaxpr and "stablehlo.exponential" in r.stablehlo
+    assert "\x1b[" not in r.jaxpr  # no terminal colour codes
     assert "ENTRY" in r.hlo
     # one fused loop: exp, multiply, add and tanh in a single kernel
     assert r.compute_ops == {"fusion": 1}
@@ -212,6 +213,7 @@ def test_unknown_topology_lists_the_valid_ones():
 def test_missing_tpu_extra_says_how_to_install(monkeypatch):
     monkeypatch.setattr(hlo, "tpu_compiler_available", lambda: False)
     monkeypatch.setattr(hlo, "_TOPOLOGIES", {})
+    assert not hlo.compile_only_available()
     with pytest.raises(hlo.TpuCompilerMissing, match=r"tpu-course\[aot\]"):
         hlo.inspect(jnp.sin, jnp.ones(3), target="v5e:2x2")
 
@@ -266,6 +268,12 @@ def test_data_parallel_over_one_axis_of_a_2d_mesh_groups_by_that_axis(subprocess
 @pytest.fixture(scope="module")
 def libtpu():
     return pytest.importorskip("libtpu")
+
+
+@pytest.mark.aot
+def test_compile_only_available_with_the_extra(libtpu):
+    assert hlo.compile_only_available("v6e:1x1")
+    assert not hlo.compile_only_available("v6e:3x3")
 
 
 @pytest.mark.aot

@@ -84,6 +84,20 @@ def tpu_compiler_available() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+def compile_only_available(name: str = "v5e:1x1") -> bool:
+    """True when this runtime can compile for the compile-only topology ``name``: libtpu
+    is installed and accepts it. Notebooks use it to decide whether to show TPU-compiled
+    programs or a note; it never raises.
+    """
+    if not tpu_compiler_available():
+        return False
+    try:
+        tpu_topology(name)
+    except Exception:  # noqa: BLE001 - any failure means "not here"
+        return False
+    return True
+
+
 def valid_topologies() -> list[str]:
     """Every verified compile-only target name, e.g. ``'v5e:2x2'``.
 
@@ -772,6 +786,8 @@ def diff(before: HloReport, after: HloReport) -> ReportDiff:
 # inspect
 # --------------------------------------------------------------------------------------
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes JAX's pretty-printer may add
+
 _TRACER_HELP = (
     "{fn} could not be traced: {what}. Under jit, arrays are abstract tracers (a shape "
     "and a dtype, no values), so Python cannot branch or loop on them, nor turn them into "
@@ -892,7 +908,7 @@ def inspect(fn: Callable, *args: Any, target: str | None = None, **kwargs: Any) 
         name=name, target=target_name, platform=devices[0].platform,
         device_kind=devices[0].device_kind, device_count=len(devices),
         compile_only=devices[0] not in local,
-        jaxpr=str(traced.jaxpr), stablehlo=lowered.as_text(), hlo=hlo_text,
+        jaxpr=_ANSI.sub("", str(traced.jaxpr)), stablehlo=lowered.as_text(), hlo=hlo_text,
         op_counts=dict(sorted(op_counts.items())), fusions=tuple(parse_fusions(module)),
         collectives=tuple(parse_collectives(hlo_text)),
         flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"),
