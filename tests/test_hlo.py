@@ -93,6 +93,34 @@ def test_collectives_from_text_with_tuples_async_and_hand_sizes():
     assert got[0].replica_groups == ((0, 1, 2, 3), (4, 5, 6, 7))
 
 
+def test_tpu_all_reduce_scatter_fusion_is_reported_as_a_reduce_scatter():
+    # how the TPU compiler spells a reduce-scatter: an all-reduce sliced in one fusion
+    text = """
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%all-reduce-scatter (input: f32[1024,512]) -> f32[128,512] {
+  %input = f32[1024,512]{1,0:T(8,128)} parameter(0)
+  %all-reduce = f32[1024,512]{1,0:T(8,128)} all-reduce(%input), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %multiply = s32[] constant(0)
+  %constant = s32[] constant(0)
+  ROOT %dynamic-slice = f32[128,512]{1,0:T(8,128)} dynamic-slice(%all-reduce, %multiply, %constant), dynamic_slice_sizes={128,512}
+}
+
+ENTRY %main (g: f32[1024,512]) -> f32[128,512] {
+  %g = f32[1024,512]{1,0:T(8,128)} parameter(0)
+  ROOT %fusion = f32[128,512]{1,0:T(8,128)} fusion(%g), kind=kCustom, calls=%all-reduce-scatter
+}
+"""
+    (c,) = hlo.parse_collectives(text)
+    assert (c.kind, c.shape, c.result_shape, c.bytes) == (
+        "reduce-scatter", (1024, 512), (128, 512), 1024 * 512 * 4)
+    assert c.fused_in == "all-reduce-scatter" and c.group_size == 8
+
+
 def test_module_parser_separates_fusions_and_reducers():
     text = """
 %fused (p: f32[8]) -> f32[8] {
@@ -323,6 +351,34 @@ def test_sharded_weight_all_gather_or_all_reduce_on_v5e_2x4(libtpu):
     (ag,) = hlo.inspect(lambda w, x: x @ jax.lax.with_sharding_constraint(w, full), w, x).collectives
     assert (ag.kind, ag.shape, ag.result_shape) == ("all-gather", (128, 256), (1024, 256))
     assert ag.bytes == 128 * 256 * 2 and ag.group_size == 8
+
+
+@pytest.mark.aot
+def test_fsdp_gradient_gathers_weights_and_reduce_scatters_grads_on_v5e_2x4(libtpu):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = hlo.tpu_mesh("v5e:2x4", (8,), ("data",))
+    S = lambda s, spec: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
+    full, shard = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    def loss(w, x):
+        return jnp.mean((x @ jax.lax.with_sharding_constraint(w, full)) ** 2)
+
+    def step(w, x):  # FSDP: weights sharded at rest, gathered to use, grads scattered
+        return jax.lax.with_sharding_constraint(jax.grad(loss)(w, x), shard)
+
+    r = hlo.inspect(step, S((1024, 512), P("data")), S((64, 1024), P("data")))
+    kinds = sorted(c.kind for c in r.collectives)
+    assert kinds == ["all-gather", "reduce-scatter"]
+    ag = next(c for c in r.collectives if c.kind == "all-gather")
+    rs = next(c for c in r.collectives if c.kind == "reduce-scatter")
+    # gather: each device contributes its 1024/8 = 128 rows (the compiler may gather the
+    # bf16 copy the MXU will use: itemsize from the reported dtype)
+    assert ag.shape == (128, 512) and ag.result_shape == (1024, 512)
+    assert ag.bytes == 128 * 512 * {"float32": 4, "bfloat16": 2}[ag.dtype]
+    # scatter: the full f32 gradient goes in, each device keeps 128 rows of the sum
+    assert rs.shape == (1024, 512) and rs.result_shape == (128, 512)
+    assert rs.bytes == 1024 * 512 * 4 and rs.group_size == 8
 
 
 @pytest.mark.aot

@@ -451,6 +451,7 @@ class Collective:
     name: str  # the HLO instruction
     source_target_pairs: tuple[tuple[int, int], ...] = ()  # collective-permute only
     is_async: bool = False  # came from an ``-start`` / ``-done`` pair
+    fused_in: str | None = None  # the fusion computation holding it, if any
 
     @property
     def group_size(self) -> int:
@@ -478,11 +479,21 @@ def parse_collectives(text: str) -> list[Collective]:
     """Every collective in optimised HLO text, one item per operand (see :class:`Collective`)."""
     module = parse_module(text)
     table = module.by_name()
+    roots = {name: next((i for i in comp if i.line.startswith("ROOT")), None)
+             for name, comp in module.computations.items()}
     out: list[Collective] = []
     for ins in module.instructions:
         kind, is_async = _collective_kind(ins.opcode)
         if kind is None:
             continue
+        fused_in = ins.computation if ins.computation in module.fused else None
+        root = roots.get(ins.computation) if fused_in else None
+        scatter_result = None
+        if (kind == "all-reduce" and root is not None and root.opcode == "dynamic-slice"
+                and ins.name in root.operands and len(root.arrays) == 1):
+            # the TPU compiler writes a reduce-scatter as an all-reduce whose result is
+            # sliced in the same fusion ("all-reduce-scatter"): report what it does
+            kind, scatter_result = "reduce-scatter", root.arrays[0][1]
         groups = parse_replica_groups(ins.attributes)
         pairs = tuple(
             (int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)\}",
@@ -501,11 +512,13 @@ def parse_collectives(text: str) -> list[Collective]:
             else:
                 continue
             result_dims = results[k][1] if k < len(results) else dims
+            if scatter_result is not None:
+                result_dims = scatter_result
             out.append(Collective(
                 kind=kind, shape=tuple(dims), dtype=NUMPY_DTYPE.get(dtype, dtype),
                 bytes=int(DTYPE_BYTES.get(dtype, 0) * math.prod(dims)),
                 replica_groups=groups, result_shape=tuple(result_dims), name=ins.name,
-                source_target_pairs=pairs, is_async=is_async,
+                source_target_pairs=pairs, is_async=is_async, fused_in=fused_in,
             ))
     return out
 
