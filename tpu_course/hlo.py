@@ -35,7 +35,6 @@ Conventions:
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import difflib
 import html
@@ -43,7 +42,9 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from tpu_course import runtime
 
 # --------------------------------------------------------------------------------------
 # Compile-only TPU topologies
@@ -111,28 +112,6 @@ _TOPOLOGY_RE = re.compile(r"^(?P<gen>[a-z0-9]+):(?P<shape>\d+(x\d+){1,2})$")
 _TOPOLOGIES: dict[str, Any] = {}
 
 
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 for the block: libtpu prints start-up warnings meant for
-    a TPU VM (no accelerator type, no worker hostnames) that do not apply to
-    compile-only use, and a notebook would show them as cell output."""
-    import sys
-
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no real fd 2 (some embedded shells)
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def tpu_topology(name: str) -> Any:
     """The compile-only topology ``name`` (``'v5e:2x2'``, ``'v6e:2x4'``, ``'v5p:2x2x1'`` ...).
 
@@ -168,7 +147,7 @@ def tpu_topology(name: str) -> Any:
         # lock. Not set on a real TPU, where the lock protects the chips.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
-        with _quiet_stderr():
+        with runtime.quiet_libtpu():
             topo = topologies.get_topology_desc(key, "tpu")
     except Exception as err:  # JaxRuntimeError: INVALID_ARGUMENT from libtpu
         raise ValueError(
