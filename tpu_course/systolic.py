@@ -7,6 +7,14 @@ one multiply-accumulate, and results leave at the array's edge. The whole grid i
 with a few numpy operations per cycle (never a Python loop over cells). The cycle count it
 observes is checked against :func:`cycle_count`, a closed form derived independently.
 
+With ``trace=False`` (the default) the weight-stationary engine advances a whole batch of
+folds per numpy step: every register array gets a leading fold axis, each fold runs on
+its own timeline, and the controller then places the folds on one clock from the times
+it observed (when weights latched, when vectors entered, when tagged results left). The
+values and the cycle count are the same as cycle by cycle on one array, which
+``trace=True`` still does (for animations of small arrays), and a test holds the two
+engines equal.
+
 Notation (fixed for the module and chapter 1)
 ---------------------------------------------
 ``R`` = ``rows``, ``C`` = ``cols``; ``F`` = number of folds (tiles of the problem that the
@@ -432,8 +440,12 @@ def simulate(a: Any, b: Any, rows: int = 4, cols: int = 4, dataflow: str = "ws",
         sim = _run_os(a.astype(acc), b.astype(acc), rows, cols, timing, trace)
     else:
         x, s = (a, b) if dataflow == "ws" else (b.T, a.T)
-        sim = _run_stationary(x.astype(acc), s.astype(acc), rows, cols, timing, trace,
-                              transpose_out=(dataflow == "is"))
+        if trace:   # cycle by cycle on one array, recording every register
+            sim = _run_stationary(x.astype(acc), s.astype(acc), rows, cols, timing, trace,
+                                  transpose_out=(dataflow == "is"))
+        else:       # the same machine, many folds per numpy step
+            sim = _run_stationary_batched(x.astype(acc), s.astype(acc), rows, cols, timing,
+                                          transpose_out=(dataflow == "is"))
     offset = -1 if timing == "scalesim" else 0
     cycles_sim = sim["cycles"]
     phases = sim["phases"]
@@ -455,7 +467,9 @@ def simulate(a: Any, b: Any, rows: int = 4, cols: int = 4, dataflow: str = "ws",
 # --------------------------------------------------------------------------------------
 # Engines. Each runs cycle by cycle: a small controller (Python integers) decides when a
 # fold's stationary values start down the load path and when its stream starts; the
-# datapath (numpy over the whole grid) moves every register one step per cycle.
+# datapath (numpy over the whole grid) moves every register one step per cycle. The
+# weight-stationary machine has two engines: one array cycle by cycle (_run_stationary,
+# used with trace=True) and a batch of folds per step (_run_stationary_batched, trace off).
 # --------------------------------------------------------------------------------------
 
 
@@ -504,7 +518,9 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
                     transpose_out: bool) -> dict[str, Any]:
     """Weight-stationary engine: rows of ``x`` (T x Kd) stream past cells holding ``s`` (Kd x Nd).
 
-    Returns ``x @ s`` (transposed when ``transpose_out``) and what the run observed.
+    One array, cycle by cycle, with overlapping folds sharing it (``"tpu"``); it can
+    record every register in every cycle (``trace``). Returns ``x @ s`` (transposed when
+    ``transpose_out``) and what the run observed.
     """
     T, kd = x.shape
     nd = s.shape[1]
@@ -675,6 +691,247 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
         frames = [dataclasses.replace(fr, phase=str(labels[fr.cycle])) for fr in frames]
     return {"result": out.T.copy() if transpose_out else out, "cycles": ncyc, "phases": parts,
             "folds": stats, "grid": (nkb, nnb), "macs": macs[:ncyc], "frames": frames}
+
+
+# Cells (folds x rows x cols) one batched step may cover: 16 folds of a 128 x 128 array.
+# Bigger batches mean fewer Python-level steps; on a 2-core EPYC 8-16 folds of 128 x 128
+# were equally fast (bench/bench_systolic.py) and 1-2 folds clearly slower.
+_BATCH_CELLS = 1 << 18
+
+
+def _stream_tags(T: int, R: int, C: int) -> dict[str, Any]:
+    """Simulate the valid bits (*tags*) of one fold's stream of ``T`` vector slots.
+
+    A tag enters each row at the left edge when the skewed edge buffer issues a slot
+    (row ``k`` from stream cycle ``k`` to ``k + T - 1``), moves one cell right per cycle
+    with its activation, and a partial sum's tag moves one row down per cycle (valid when
+    the partial sum above was and the activation here is). Every fold streams ``T``
+    slots through the same ``R x C`` cells, so the tags move the same way for every fold
+    and are simulated once. What they show, in cycles since the stream started: when a
+    vector entered (``issue``), which cells the first vector reaches in each cycle (they
+    swap in the fold's weights: ``swaps``), when it first reaches the top of each column
+    and when the last cell of each column swaps, and which values leaving the bottom
+    edge are results (``out``).
+    """
+    n_feed = T + R - 1
+    slot = np.zeros((n_feed, R), bool)
+    for k in range(R):
+        slot[k:k + T, k] = True
+    bound = T + R + C + 1                       # more stream cycles than a fold may take
+    tag_act, tag_nxt = np.zeros((R, C), bool), np.zeros((R, C), bool)
+    tag_ps, tag_ps_nxt = np.zeros((R, C), bool), np.zeros((R, C), bool)
+    live = np.zeros((R, C), bool)
+    out = np.zeros((bound, C), bool)
+    issue = np.zeros(bound, bool)
+    swaps: list[tuple[int, np.ndarray]] = []
+    first_arrival, last_swap = np.full(C, -1), np.full(C, -1)
+    swapping = True
+    u = 0
+    while True:
+        if u >= bound:
+            raise RuntimeError("systolic: a fold's stream did not drain (simulator bug)")
+        tag_nxt[:, 1:] = tag_act[:, :-1]
+        tag_nxt[:, 0] = slot[u] if u < n_feed else False
+        tag_act, tag_nxt = tag_nxt, tag_act
+        tag_ps_nxt[0] = tag_act[0]
+        np.logical_and(tag_ps[:-1], tag_act[1:], out=tag_ps_nxt[1:])
+        tag_ps, tag_ps_nxt = tag_ps_nxt, tag_ps
+        issue[u] = bool(tag_act[0, 0])
+        if swapping:
+            arrive = tag_act & ~live
+            sel = np.flatnonzero(arrive)
+            if len(sel):
+                swaps.append((u, sel))
+                live |= arrive
+                last_swap[sel % C] = u
+                first_arrival[arrive[0]] = u
+                swapping = not live.all()
+        out[u] = tag_ps[R - 1]
+        u += 1
+        if u >= n_feed and not tag_act.any():
+            break
+    out_cycles = np.flatnonzero(out.any(axis=1))
+    return {"slot": slot, "issue": issue[:u], "swaps": swaps, "out": out[:u],
+            "first_arrival": first_arrival, "last_swap": last_swap,
+            "first_out": int(out_cycles[0]), "last_out": int(out_cycles[-1]),
+            "last_issue": int(np.flatnonzero(issue)[-1]), "cycles": u}
+
+
+def _run_stationary_batched(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str,
+                            transpose_out: bool) -> dict[str, Any]:
+    """The weight-stationary engine with the trace off: many folds per numpy step.
+
+    The machine is the one :func:`_run_stationary` runs (same registers, same moves, same
+    order of additions), but each register array gets a leading *fold* axis: slot ``b``
+    of a batch holds the array as it runs fold ``b``, and one numpy step advances every
+    fold of the batch by one cycle of its own timeline. A fold's values never meet
+    another fold's (in any cycle a cell holds one fold's vector), so they are the values
+    the shared array computes; only the clock differs. Each fold's timeline is observed
+    in cycles since its own start -- when its first column of weights latches, when its
+    edge buffer issues vectors and when tagged results leave the bottom edge
+    (:func:`_stream_tags`) -- and the controller then places the folds on one clock by
+    the ``timing`` rule, from those observed times: one after another for
+    ``"scalesim"``, double-buffered for ``"tpu"``. It checks the hazards the shared
+    array would have: a column's weights must latch before its first vector arrives,
+    and (``"tpu"``) the next fold's weights must not overwrite a shadow register before
+    the current fold has swapped it in.
+    """
+    T, kd = x.shape
+    nd = s.shape[1]
+    nkb, nnb = math.ceil(kd / R), math.ceil(nd / C)
+    folds = [(kb, nb) for nb in range(nnb) for kb in range(nkb)]  # column tile outer
+    F = len(folds)
+    ru = [min(R, kd - kb * R) for kb, _ in folds]
+    cu = [min(C, nd - nb * C) for _, nb in folds]
+    dt = x.dtype
+    tags = _stream_tags(T, R, C)
+    slot, n_feed, U = tags["slot"], T + R - 1, tags["cycles"]
+    # Left-edge buffers, one per K tile: row k sends x[i, kb*R + k] at stream cycle i + k.
+    feed = np.zeros((nkb, n_feed, R), dt)
+    for kb in range(nkb):
+        blk = x[:, kb * R:(kb + 1) * R]
+        for k in range(blk.shape[1]):
+            feed[kb, k:k + T, k] = blk[:, k]
+    # The n-th tagged value out of the bottom of column j is result n of that column.
+    jj, uu = np.divmod(np.flatnonzero(tags["out"].T.ravel()), U)
+    if len(uu) != T * C:
+        raise RuntimeError("systolic: results lost in the array (simulator bug)")
+
+    # -- load path, every fold at once: column j pushes its weight rows (bottom row
+    #    first) down from the top edge, starting j cycles late, and latches them into
+    #    the shadow registers after R shifts
+    tiles = np.zeros((F, R, C), dt)
+    for f, (kb, nb) in enumerate(folds):
+        tiles[f, :ru[f], :cu[f]] = s[kb * R:kb * R + ru[f], nb * C:nb * C + cu[f]]
+    lfeed = np.zeros((R + C - 1, C, F), dt)     # (load cycle, column, fold)
+    rr, jc = np.indices((R, C))
+    lfeed[rr + jc, jc] = tiles[:, ::-1].transpose(1, 2, 0)
+    lfeed = lfeed.transpose(0, 2, 1).copy()     # (load cycle, fold, column)
+    chains = [np.zeros((F, R, C), dt) for _ in range(2)]
+    shadow = np.zeros((F, R, C), dt)
+    latch = np.full(C, -1)
+    for v in range(R + C - 1):                  # cycles since the load started
+        old, chain = chains[v & 1], chains[1 - (v & 1)]
+        lo, hi = max(0, v - R + 1), min(C, v + 1)
+        chain[:, 1:, lo:hi] = old[:, :-1, lo:hi]
+        chain[:, 0, lo:hi] = lfeed[v, :, lo:hi]
+        j = v - (R - 1)
+        if 0 <= j < C:
+            shadow[:, :, j] = chain[:, :, j]
+            latch[j] = v
+    del tiles, lfeed, chains
+
+    # -- streams, a batch of folds at a time. Folds that share a K tile receive the same
+    #    activation stream, so in every cycle of their timelines their activation
+    #    registers hold the same values: a batch keeps one copy of them per K tile.
+    out = np.zeros((T, nd), dt)
+    kb_per = min(nkb, max(1, _BATCH_CELLS // (R * C)))
+    nb_per = max(1, _BATCH_CELLS // (kb_per * R * C))
+    for kb0 in range(0, nkb, kb_per):
+        KB = min(kb_per, nkb - kb0)
+        bfeed = feed[kb0:kb0 + KB].transpose(1, 0, 2).copy()     # (cycle, K tile, row)
+        for nb0 in range(0, nnb, nb_per):
+            NB = min(nb_per, nnb - nb0)
+            fidx = (np.arange(nb0, nb0 + NB)[:, None] * nkb + np.arange(kb0, kb0 + KB)[None, :])
+            res = _stream_batch(bfeed, shadow[fidx], tags, uu, jj, T, R, C)
+            for b_nb, nb in enumerate(range(nb0, nb0 + NB)):   # K tiles in order: the
+                sl = slice(nb * C, min(nd, nb * C + C))         # same order as accumulating
+                for b_kb in range(KB):
+                    out[:, sl] = out[:, sl] + res[b_nb, b_kb, :, :sl.stop - sl.start]
+    # -- controller: place the folds' observed timelines on one clock
+    load_start, stream_start = [0] * F, [0] * F
+    for f in range(F):
+        if f > 0 and timing == "scalesim":  # the next load starts once the last result left
+            load_start[f] = stream_start[f - 1] + tags["last_out"] + 1
+        elif f > 0:                          # double buffering: load while the previous streams
+            load_start[f] = stream_start[f - 1]
+            if np.any(load_start[f] + latch < stream_start[f - 1] + tags["last_swap"]):
+                raise RuntimeError("systolic: shadow weights overwritten before their swap")
+        stream_start[f] = load_start[f] + int(latch[0]) + 1      # column 0 has latched
+        if f > 0 and timing == "tpu":        # ... and the previous fold has issued its vectors
+            stream_start[f] = max(stream_start[f], stream_start[f - 1] + tags["last_issue"] + 1)
+        if np.any(load_start[f] + latch >= stream_start[f] + tags["first_arrival"]):
+            raise RuntimeError("systolic: a column's weights latched after its first vector")
+    ncyc = stream_start[-1] + tags["last_out"] + 1
+    issue = np.zeros(ncyc, bool)
+    for f in range(F):
+        issue[stream_start[f]:stream_start[f] + U] |= tags["issue"][:ncyc - stream_start[f]]
+    stats = []
+    macs = np.zeros(ncyc + T + R + C, np.int64)
+    segs = []
+    for f, (kb, nb) in enumerate(folds):
+        s0 = stream_start[f]
+        writes = T * cu[f] if (timing == "scalesim" or kb == nkb - 1) else 0
+        stats.append(Fold(f, kb, nb, ru[f], cu[f], ru[f] * cu[f], T * ru[f], writes, s0,
+                          b_in=ru[f] * cu[f] if not transpose_out else T * ru[f],
+                          a_in=T * ru[f] if not transpose_out else ru[f] * cu[f]))
+        conv = _ones_conv(T, ru[f], cu[f])
+        macs[s0:s0 + len(conv)] += conv
+        last_in = int(np.flatnonzero(slot[:, :ru[f]].any(axis=1))[-1])   # last real operand
+        segs.append((load_start[f], s0, s0 + tags["first_out"], s0 + last_in,
+                     s0 + tags["last_out"]))
+    if timing == "tpu":
+        segs = [(0, segs[0][1], segs[0][2], max(sg[3] for sg in segs), segs[-1][4])]
+    parts, _ = _phase_parts(segs, issue)
+    return {"result": out.T.copy() if transpose_out else out, "cycles": ncyc, "phases": parts,
+            "folds": stats, "grid": (nkb, nnb), "macs": macs[:ncyc], "frames": []}
+
+
+def _stream_batch(bfeed: np.ndarray, w_shadow: np.ndarray, tags: dict[str, Any], uu: np.ndarray,
+                  jj: np.ndarray, T: int, R: int, C: int) -> np.ndarray:
+    """Stream a batch of folds (``NB`` column tiles x ``KB`` K tiles) through the array.
+
+    ``bfeed[u, b]`` is what K tile ``b``'s skewed edge buffer sends into the left edge at
+    stream cycle ``u``; ``w_shadow`` (NB x KB x R x C) the latched weights. Each cycle:
+    where the first vector arrives (``tags["swaps"]``) the shadow weights go live; the
+    edge buffer feeds column 0 and every other activation moves one cell right; each
+    cell multiplies its activation by its weight and adds the partial sum arriving from
+    the cell above; the bottom row leaves the array. Returns the tagged results,
+    NB x KB x T x C (result ``i`` of column ``j`` is the ``i``-th tagged value that left
+    the bottom of column ``j``).
+    """
+    NB, KB = w_shadow.shape[:2]
+    dt = w_shadow.dtype
+    U, n_feed = tags["cycles"], T + R - 1
+    acts = [np.zeros((KB, R, C), dt) for _ in range(2)]
+    psums = [np.zeros((NB, KB, R, C), dt) for _ in range(2)]
+    w_active = np.zeros((NB, KB, R, C), dt)
+    bottom = np.zeros((U, NB, KB, C), dt)
+    wa_flat, ws_flat = w_active.reshape(NB * KB, R * C), w_shadow.reshape(NB * KB, R * C)
+    swaps = iter(tags["swaps"])
+    next_swap = next(swaps, (-1, None))
+    views: dict[tuple[int, int, int, int, int], tuple[Any, ...]] = {}
+    for u in range(U):
+        if u == next_swap[0]:                   # the first vector reaches these cells now
+            wa_flat[:, next_swap[1]] = ws_flat[:, next_swap[1]]
+            next_swap = next(swaps, (-1, None))
+        # the rectangle of cells that can hold a vector this cycle (the rest are idle)
+        r0, r1 = max(0, u - (T - 1) - (C - 1)), min(R, u + 1)
+        lo, hi = max(0, u - (T - 1) - (R - 1)), min(C, u + 1)
+        if r0 >= r1 or lo >= hi:
+            continue
+        key = (u & 1, r0, r1, lo, hi)
+        v = views.get(key)
+        if v is None:
+            a_old, a_new = acts[u & 1], acts[1 - (u & 1)]
+            p_old, p_new = psums[u & 1], psums[1 - (u & 1)]
+            a0, k0 = max(lo, 1), max(r0, 1)
+            v = views[key] = (
+                a_new[:, r0:r1, 0] if lo == 0 else None,
+                a_new[:, r0:r1, a0:hi], a_old[:, r0:r1, a0 - 1:hi - 1],
+                a_new[:, r0:r1, lo:hi], w_active[..., r0:r1, lo:hi], p_new[..., r0:r1, lo:hi],
+                p_new[..., k0:r1, lo:hi], p_old[..., k0 - 1:r1 - 1, lo:hi],
+                p_new[..., R - 1, lo:hi] if r1 == R else None)
+        edge, a_dst, a_src, a_cur, w_cur, p_cur, p_acc, p_above, p_bottom = v
+        if edge is not None:                    # activations: the edge buffer feeds column 0
+            edge[...] = bfeed[u, :, r0:r1] if u < n_feed else 0
+        a_dst[...] = a_src                      # ... and every other one moves one cell right
+        np.multiply(a_cur, w_cur, out=p_cur)    # each cell's product (every column tile);
+        if p_acc.size:                          # then add the partial sum from above
+            np.add(p_acc, p_above, out=p_acc)
+        if p_bottom is not None:
+            bottom[u, ..., lo:hi] = p_bottom
+    return bottom[uu, :, :, jj].reshape(C, T, NB, KB).transpose(2, 3, 1, 0)
 
 
 def _ws_trace_step(frames, t, act, psum, w_active, slot_ok, bottom_row, stream_start, folds,
