@@ -278,3 +278,14 @@ def test_config_rejects_unknown_choices():
     with pytest.raises(ValueError, match="batch_size"):
         train.TrainConfig(batch_size=0)
     assert train.TrainConfig.quick().epochs <= train.TrainConfig().epochs
+
+
+def test_time_steps_threads_a_donated_state_and_counts_images():
+    ds = synthetic(128, 8)
+    tx = optax.adam(1e-3)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    step = jax.jit(train.make_train_step(graphdef, tx), donate_argnums=0)
+    host = train.batches(ds.train_images, ds.train_labels, 16)
+    state, t = train.time_steps(step, state, train.prefetch_to_device(host), warmup=2)
+    assert t.steps == 6 and int(state.step) == 8
+    assert t.images_per_s == pytest.approx(16 / t.seconds_per_step)
