@@ -47,7 +47,7 @@ print(json.dumps(rec))
 """
 
 
-def time_ours(timing: str, repeats: int = 2) -> tuple[float, int]:
+def time_ours(timing: str, repeats: int = 5) -> tuple[float, int]:
     """Best wall time of ``simulate`` (trace off) over ``repeats`` runs, and its cycles."""
     import numpy as np
 

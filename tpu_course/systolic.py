@@ -418,6 +418,8 @@ def simulate(a: Any, b: Any, rows: int = 4, cols: int = 4, dataflow: str = "ws",
         dataflow: ``"ws"`` (weight-stationary, the TPU), ``"os"`` or ``"is"``.
         timing: ``"tpu"`` or ``"scalesim"`` (SCALE-Sim 3.0.0, ideal memory).
         trace: record a :class:`Frame` per cycle (for small arrays: the animation).
+            ``"ws"``/``"is"`` then run one array cycle by cycle instead of a batch of
+            folds per numpy step (same values and cycles, much slower on big problems).
 
     Returns:
         A :class:`SystolicRun` with the result, cycles and their parts, folds,
