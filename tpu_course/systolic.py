@@ -764,9 +764,10 @@ def _run_stationary_batched(x: np.ndarray, s: np.ndarray, R: int, C: int, timing
     """The weight-stationary engine with the trace off: many folds per numpy step.
 
     The machine is the one :func:`_run_stationary` runs (same registers, same moves, same
-    order of additions), but each register array gets a leading *fold* axis: slot ``b``
-    of a batch holds the array as it runs fold ``b``, and one numpy step advances every
-    fold of the batch by one cycle of its own timeline. A fold's values never meet
+    additions in the same order), but each register array gets a leading *fold* axis:
+    slot ``b`` of a batch holds the array as it runs fold ``b`` (folds of one K tile
+    share their activation registers, which hold the same values), and one numpy step
+    advances every fold of the batch by one cycle of its own timeline. A fold's values never meet
     another fold's (in any cycle a cell holds one fold's vector), so they are the values
     the shared array computes; only the clock differs. Each fold's timeline is observed
     in cycles since its own start -- when its first column of weights latches, when its
