@@ -8,8 +8,8 @@ value). Both use SCALE-Sim's timing conventions (``timing="scalesim"``); our def
 SCALE-Sim is never a course dependency. When it is importable here, or when
 ``SCALESIM_PYTHON`` names the Python of a virtual environment that has it (see
 ``scripts/scalesim_crosscheck.py``), both run in this one invocation and the ratio is
-reported; otherwise only our absolute time is. Results go to
-``bench/results/systolic-<host>.json``.
+reported; otherwise only our absolute time is. ``bench/run.py`` writes the result to
+``bench/results/systolic-<device>.json``.
 
     python bench/bench_systolic.py
     SCALESIM_PYTHON=/tmp/scalesim-venv/bin/python python bench/bench_systolic.py
@@ -22,8 +22,6 @@ import json
 import os
 import pathlib
 import platform
-import re
-import socket
 import subprocess
 import sys
 import time
@@ -84,13 +82,13 @@ def time_scalesim() -> dict | None:
 
 
 def main() -> dict:
-    host = re.sub(r"[^A-Za-z0-9_.-]+", "_", socket.gethostname()) or "host"
     ours_ss, cycles_ss = time_ours("scalesim")
     ours_tpu, cycles_tpu = time_ours("tpu")
     ref = time_scalesim()
     result = {
+        "topic": "systolic",
         "case": f"{ROWS}x{COLS} ws array, {M}x{K} @ {K}x{N}, float32, trace off",
-        "host": host, "cpu": platform.processor() or platform.machine(),
+        "cpu": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "ours_scalesim_timing_s": round(ours_ss, 4), "ours_scalesim_timing_cycles": cycles_ss,
         "ours_tpu_timing_s": round(ours_tpu, 4), "ours_tpu_timing_cycles": cycles_tpu,
@@ -99,10 +97,10 @@ def main() -> dict:
     if ref is not None:
         result.update(scalesim_s=round(ref["seconds"], 4), scalesim_cycles=ref["total_cycles"],
                       speedup_vs_scalesim=round(ref["seconds"] / ours_ss, 2))
-        assert ref["total_cycles"] == cycles_ss, "cycle counts disagree with SCALE-Sim"
-    out = ROOT / "bench" / "results" / f"systolic-{host}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+        result["checks"] = [{"what": "cycle count equals SCALE-Sim's Total Cycles",
+                             "passed": ref["total_cycles"] == cycles_ss},
+                            {"what": "at least 10x faster than SCALE-Sim (goal)",
+                             "passed": ref["seconds"] / ours_ss >= 10}]
     print(f"{'what':44s} {'seconds':>9s} {'cycles':>8s}")
     print(f"{'ours, timing=scalesim':44s} {ours_ss:9.3f} {cycles_ss:8d}")
     print(f"{'ours, timing=tpu':44s} {ours_tpu:9.3f} {cycles_tpu:8d}")
@@ -113,9 +111,11 @@ def main() -> dict:
               f"{result['speedup_vs_scalesim']:.1f}x (goal: 10x)")
     else:
         print("SCALE-Sim not found (set SCALESIM_PYTHON to compare): absolute time only")
-    print(f"wrote {out.relative_to(ROOT)}")
     return result
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run
+
+    sys.exit(run.main(["systolic"]))
