@@ -16,7 +16,6 @@ ifneq ($(wildcard $(SHARED_MNIST)),)
 export TPU_COURSE_DATA ?= $(SHARED_MNIST)
 endif
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
