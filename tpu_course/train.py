@@ -39,7 +39,8 @@ What is here, and why
   ``N mod B`` examples of this epoch's permutation are skipped; a fresh permutation next
   epoch picks others) or ``'pad'`` (padded to a full batch with zero-weight examples, so
   every example is used exactly once per epoch). Evaluation always pads, so the test
-  accuracy counts all 10,000 test images.
+  accuracy counts all 10,000 test images (in one scan on the device pipeline, one launch
+  per batch on the prefetch pipeline).
 
 * **Mixed precision**: ``compute_dtype='bfloat16'`` casts the float32 parameters and the
   images to bf16 inside the loss (the matrix units' native input type), computes the
@@ -871,8 +872,10 @@ def fit(config: TrainConfig = TrainConfig(), *, data: Any = None,
         if config.stop_at_accuracy is not None and record.test_accuracy >= config.stop_at_accuracy:
             break
     bar.close()
-    return History(config=config, train_set=f"{getattr(ds, 'name', config.dataset)}: "
-                   f"{getattr(ds, 'train_set', f'{n} images')}", device=_device_name(),
+    train_set = f"{getattr(ds, 'name', config.dataset)}: {getattr(ds, 'train_set', f'{n} images')}"
+    if n < len(ds.train_images):
+        train_set += f", first {n:,} used"
+    return History(config=config, train_set=train_set, device=_device_name(),
                    epochs=tuple(done), steps=tuple(logged), compile_time_s=compile_time,
                    train_time_s=train_time, eval_time_s=eval_time, images_trained=images,
                    wall_time_s=time.perf_counter() - t_start, state=state, graphdef=graphdef)
