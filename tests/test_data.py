@@ -146,3 +146,24 @@ def test_parse_idx_rejects_inconsistent_header():
     assert data._parse_idx(raw).tolist() == [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(data.DataError, match="header"):
         data._parse_idx(raw[:-1])
+
+
+@pytest.mark.skipif(not FASHION.is_dir(), reason="apt-get install dataset-fashion-mnist")
+def test_a_fashion_folder_in_the_path_is_not_taken_for_full_mnist(monkeypatch):
+    """Fashion-MNIST's files carry MNIST's names; their checksums tell them apart."""
+    if not SHARED.is_dir():
+        pytest.skip("shared MNIST files not here")
+    monkeypatch.setenv("TPU_COURSE_DATA", f"{FASHION}:{SHARED}")
+    d = data.load_mnist()
+    assert d.train_set.startswith("offline subset") and d.source == str(SHARED)
+    assert np.bincount(d.test_labels).tolist() == MNIST_TEST_COUNTS
+
+
+def test_corrupt_full_set_is_reported_not_silently_replaced(mnist_dir, monkeypatch):
+    """A corrupt full-size file is an error even when the subset could be used instead."""
+    (mnist_dir / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(b"\0\0\x08\x01junk"))
+    (mnist_dir / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"\0\0\x08\x01junk"))
+    (mnist_dir / "train-10k-labels-idx1-ubyte.gz").unlink()
+    monkeypatch.setenv("TPU_COURSE_DATA", str(mnist_dir))
+    with pytest.raises(data.DataError, match="wrong checksum"):
+        data.load_mnist()

@@ -41,6 +41,10 @@ class DataError(RuntimeError):
     """A data file is missing, corrupt or truncated; the message says what to do."""
 
 
+class MissingDataError(DataError):
+    """The files are not on disk (and were not to be downloaded)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class FileSpec:
     """One IDX file and the checksums it may have.
@@ -223,14 +227,10 @@ def _download(spec: FileSpec, mirrors: Iterable[str], target: pathlib.Path,
     )
 
 
-def _load_files(files: Mapping[str, FileSpec], path_for: Mapping[str, pathlib.Path]) -> dict:
-    return {key: _parse_idx(verify(path_for[key], spec)) for key, spec in files.items()}
-
-
 def _missing_error(dataset: str, files: Iterable[FileSpec], dirs: list[pathlib.Path]) -> DataError:
     names = ", ".join(f.name for f in files)
     where = ", ".join(str(d) for d in dirs) or "(none)"
-    return DataError(
+    return MissingDataError(
         f"{dataset}: could not find {names} together in one of: {where}. Put the IDX .gz "
         "files in one folder and set TPU_COURSE_DATA to it, or unset TPU_COURSE_DATA to "
         "download them into the cache."
@@ -238,20 +238,33 @@ def _missing_error(dataset: str, files: Iterable[FileSpec], dirs: list[pathlib.P
 
 
 def _resolve(dataset: str, files: Mapping[str, FileSpec], mirrors: tuple[str, ...],
-             dirs: list[pathlib.Path], download: bool) -> dict[str, pathlib.Path]:
-    """The first directory of ``dirs`` that holds every file, or a download into the cache.
+             dirs: list[pathlib.Path], download: bool) -> tuple[dict[str, np.ndarray], pathlib.Path]:
+    """Arrays from the first directory of ``dirs`` whose files all verify, else a download.
 
-    All files must come from one directory: MNIST and Fashion-MNIST share file names, so
-    a folder with only some of them is not taken for the other data set.
+    All files must come from one directory and pass their checksums there: MNIST and
+    Fashion-MNIST share file names, so a folder that holds the other data set (or only
+    some of the files) is passed over. When a folder has every file but one fails its
+    checksum and no other folder qualifies, that checksum error is raised.
     """
+    bad: DataError | None = None
     for d in dirs:
-        if all((d / spec.name).is_file() for spec in files.values()):
-            return {key: d / spec.name for key, spec in files.items()}
+        if not all((d / spec.name).is_file() for spec in files.values()):
+            continue
+        try:
+            raw = {key: verify(d / spec.name, spec) for key, spec in files.items()}
+        except DataError as err:
+            bad = bad or err
+            continue
+        return {key: _parse_idx(r) for key, r in raw.items()}, d
+    if bad is not None:
+        raise bad
     if not download:
         raise _missing_error(dataset, files.values(), dirs)
     cache = _cache_dir() / dataset
-    return {key: cache / spec.name if (cache / spec.name).is_file()
-            else _download(spec, mirrors, cache / spec.name) for key, spec in files.items()}
+    for spec in files.values():
+        if not (cache / spec.name).is_file():
+            _download(spec, mirrors, cache / spec.name)
+    return {key: _parse_idx(verify(cache / spec.name, spec)) for key, spec in files.items()}, cache
 
 
 def _dataset(name: str, arrays: dict, train_set: str, classes: tuple[str, ...],
@@ -264,27 +277,29 @@ def _dataset(name: str, arrays: dict, train_set: str, classes: tuple[str, ...],
 def load_mnist(download: bool = True) -> Dataset:
     """MNIST: the full 60,000-image training set when it can be had, else the offline subset.
 
-    With ``TPU_COURSE_DATA`` set, reads only from there (full set if present, else the
-    10,000-image ``train-10k`` subset) and downloads nothing; otherwise the cache, then a
-    download. ``train_set`` says which training set was loaded.
+    With ``TPU_COURSE_DATA`` set, reads only from there (the full set if a folder holds
+    it, else the 10,000-image ``train-10k`` subset) and downloads nothing; otherwise the
+    cache, then a download. ``train_set`` says which training set was loaded.
     """
     env_dirs = _data_dirs()
-    files, label = dict(MNIST_FILES), "full (60,000 images)"
+    label = "full (60,000 images)"
     if env_dirs is None:
-        paths = _resolve("mnist", files, MNIST_MIRRORS, [_cache_dir() / "mnist"], download)
-    else:
+        arrays, where = _resolve("mnist", MNIST_FILES, MNIST_MIRRORS, [_cache_dir() / "mnist"],
+                                 download)
+        return _dataset("mnist", arrays, label, MNIST_CLASSES, where)
+    try:
+        arrays, where = _resolve("mnist", MNIST_FILES, MNIST_MIRRORS, env_dirs, download=False)
+    except DataError as full_err:
+        label = "offline subset (10,000 images)"
         try:
-            paths = _resolve("mnist", files, MNIST_MIRRORS, env_dirs, download=False)
-        except DataError:
-            files = {**MNIST_FILES, **MNIST_SUBSET_FILES}
-            label = "offline subset (10,000 images)"
-            try:
-                paths = _resolve("mnist", files, MNIST_MIRRORS, env_dirs, download=False)
-            except DataError:
-                raise _missing_error("mnist", [*MNIST_FILES.values(),
-                                               *MNIST_SUBSET_FILES.values()], env_dirs) from None
-    arrays = _load_files(files, paths)
-    return _dataset("mnist", arrays, label, MNIST_CLASSES, paths["train_images"].parent)
+            arrays, where = _resolve("mnist", {**MNIST_FILES, **MNIST_SUBSET_FILES},
+                                     MNIST_MIRRORS, env_dirs, download=False)
+        except MissingDataError:
+            if not isinstance(full_err, MissingDataError):
+                raise full_err from None  # the full set is there but corrupt: say so
+            raise _missing_error("mnist", [*MNIST_FILES.values(), *MNIST_SUBSET_FILES.values()],
+                                 env_dirs) from None
+    return _dataset("mnist", arrays, label, MNIST_CLASSES, where)
 
 
 def load_fashion_mnist(download: bool = True) -> Dataset:
@@ -297,8 +312,6 @@ def load_fashion_mnist(download: bool = True) -> Dataset:
     env_dirs = _data_dirs()
     dirs = [*(env_dirs or []), _cache_dir() / "fashion_mnist",
             *map(pathlib.Path, SYSTEM_DIRS["fashion_mnist"])]
-    paths = _resolve("fashion_mnist", FASHION_FILES, FASHION_MIRRORS, dirs,
-                     download and env_dirs is None)
-    arrays = _load_files(FASHION_FILES, paths)
-    return _dataset("fashion_mnist", arrays, "full (60,000 images)", FASHION_CLASSES,
-                    paths["train_images"].parent)
+    arrays, where = _resolve("fashion_mnist", FASHION_FILES, FASHION_MIRRORS, dirs,
+                             download and env_dirs is None)
+    return _dataset("fashion_mnist", arrays, "full (60,000 images)", FASHION_CLASSES, where)
