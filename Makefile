@@ -54,7 +54,7 @@ test-unit: setup
 	$(PY) -m tpu_course.notebooks check
 
 test-notebooks: setup
-	$(PY) -m pytest -q $(NBVAL) notebooks solutions
+	$(PY) -m pytest -q $(NBVAL) notebooks/*.ipynb solutions/*.ipynb
 
 test-oldest: setup-oldest
 	$(PY_OLDEST) -m pytest -q -ra tests tpu_course
