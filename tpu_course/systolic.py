@@ -492,6 +492,27 @@ def _ones_conv(*lengths: int) -> np.ndarray:
     return out
 
 
+def _fold_accounting(folds: list[tuple[int, int]], stream_start: Any, T: int, ru: Any, cu: Any,
+                     nkb: int, timing: str, transpose_out: bool,
+                     size: int) -> tuple[list["Fold"], np.ndarray]:
+    """Per-fold traffic records and useful MACs per cycle, from each fold's stream start.
+
+    A real operand x[i, k] (k < ru) does a useful MAC in cell (k, j < cu) at cycle
+    ``s0 + i + k + j``; partial sums leave the array only in the SCALE-Sim convention or
+    on the last K tile (the TPU convention accumulates in place).
+    """
+    stats, macs = [], np.zeros(size, np.int64)
+    for f, (kb, nb) in enumerate(folds):
+        s0 = stream_start[f]
+        writes = T * cu[f] if (timing == "scalesim" or kb == nkb - 1) else 0
+        stats.append(Fold(f, kb, nb, ru[f], cu[f], ru[f] * cu[f], T * ru[f], writes, s0,
+                          b_in=ru[f] * cu[f] if not transpose_out else T * ru[f],
+                          a_in=T * ru[f] if not transpose_out else ru[f] * cu[f]))
+        conv = _ones_conv(T, ru[f], cu[f])
+        macs[s0:s0 + len(conv)] += conv
+    return stats, macs
+
+
 def _phase_parts(segments: list[tuple[int, int, int, int, int]], issue: np.ndarray
                  ) -> tuple[tuple[int, int, int, int, int], np.ndarray]:
     """Preload/fill/steady/drain/stall cycle counts and a per-cycle label array.
@@ -673,19 +694,10 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
         sl = slice(nb * C, nb * C + cu[f])
         out[:, sl] = out[:, sl] + y[f, :, :cu[f]]
     # -- measured traffic, MACs per cycle and phases
-    stats = []
-    macs = np.zeros(ncyc + T + R + C, np.int64)
-    segs = []
-    for f, (kb, nb) in enumerate(folds):
-        s0 = stream_start[f]
-        writes = T * cu[f] if (timing == "scalesim" or kb == nkb - 1) else 0
-        stats.append(Fold(f, kb, nb, ru[f], cu[f], ru[f] * cu[f], T * ru[f], writes, s0,
-                          b_in=ru[f] * cu[f] if not transpose_out else T * ru[f],
-                          a_in=T * ru[f] if not transpose_out else ru[f] * cu[f]))
-        # a real x[i, k] (k < ru) does a useful MAC in cell (k, j < cu) at s0 + i + k + j
-        conv = _ones_conv(T, ru[f], cu[f])
-        macs[s0:s0 + len(conv)] += conv
-        segs.append((load_start[f], s0, s0 + R - 1, s0 + T - 1 + ru[f] - 1, s0 + T - 1 + corner))
+    stats, macs = _fold_accounting(folds, stream_start, T, ru, cu, nkb, timing, transpose_out,
+                                   ncyc + T + R + C)
+    segs = [(load_start[f], s0, s0 + R - 1, s0 + T - 1 + ru[f] - 1, s0 + T - 1 + corner)
+            for f, s0 in enumerate(stream_start[:len(folds)])]
     if timing == "tpu":
         segs = [(0, segs[0][1], segs[0][2], max(sg[3] for sg in segs), segs[-1][4])]
     parts, labels = _phase_parts(segs, issue)
@@ -859,17 +871,11 @@ def _run_stationary_batched(x: np.ndarray, s: np.ndarray, R: int, C: int, timing
     issue = np.zeros(ncyc, bool)
     for f in range(F):
         issue[stream_start[f]:stream_start[f] + U] |= tags["issue"][:ncyc - stream_start[f]]
-    stats = []
-    macs = np.zeros(ncyc + T + R + C, np.int64)
+    stats, macs = _fold_accounting(folds, stream_start, T, ru, cu, nkb, timing, transpose_out,
+                                   ncyc + T + R + C)
     segs = []
-    for f, (kb, nb) in enumerate(folds):
+    for f in range(len(folds)):
         s0 = stream_start[f]
-        writes = T * cu[f] if (timing == "scalesim" or kb == nkb - 1) else 0
-        stats.append(Fold(f, kb, nb, ru[f], cu[f], ru[f] * cu[f], T * ru[f], writes, s0,
-                          b_in=ru[f] * cu[f] if not transpose_out else T * ru[f],
-                          a_in=T * ru[f] if not transpose_out else ru[f] * cu[f]))
-        conv = _ones_conv(T, ru[f], cu[f])
-        macs[s0:s0 + len(conv)] += conv
         last_in = int(np.flatnonzero(slot[:, :ru[f]].any(axis=1))[-1])   # last real operand
         segs.append((load_start[f], s0, s0 + tags["first_out"], s0 + last_in,
                      s0 + tags["last_out"]))
