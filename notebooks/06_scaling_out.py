@@ -216,8 +216,8 @@ for name in ("v5e", "v6e", "v5p"):
 # ### The same check on a compile-only TPU (aot tier)
 #
 # The TPU compiler runs here without a TPU: the programs below are what a v5e-8 would
-# run. (On TPU the compiler splits one asynchronous all-gather across several
-# computations; `observed_collectives` counts each distinct one once.)
+# run. (On TPU the compiler splits one asynchronous all-gather into a start, a body and
+# a done part; `hlo.inspect` counts it once.)
 
 # %% tags=["nbval-ignore-output"]
 import time

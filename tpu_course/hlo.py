@@ -141,7 +141,9 @@ def tpu_topology(name: str) -> Any:
     import jax
     from jax.experimental import topologies
 
-    if jax.default_backend() != "tpu":
+    with runtime.quiet_libtpu():  # the first backend start loads libtpu too
+        backend = jax.default_backend()
+    if backend != "tpu":
         # On a machine without a TPU, libtpu would otherwise take a per-machine lock
         # (/tmp/libtpu_lockfile) and refuse a second process; compile-only use needs no
         # lock. Not set on a real TPU, where the lock protects the chips.
@@ -460,10 +462,17 @@ def parse_collectives(text: str) -> list[Collective]:
     table = module.by_name()
     roots = {name: next((i for i in comp if i.line.startswith("ROOT")), None)
              for name, comp in module.computations.items()}
+    # The TPU compiler splits one asynchronous collective into an "async collective
+    # fusion": a start fusion, the body (async_collective_fusion.N) and a done fusion,
+    # each holding a copy of the same collective. Count it once, in the body.
+    async_parts = {target for ins in module.instructions
+                   if ins.opcode == "fusion" and ins.name.startswith(("async-collective-start",
+                                                                      "async-collective-done"))
+                   for target in re.findall(r"\bcalls=%?([\w.\-]+)", ins.attributes)}
     out: list[Collective] = []
     for ins in module.instructions:
         kind, is_async = _collective_kind(ins.opcode)
-        if kind is None:
+        if kind is None or ins.computation in async_parts:
             continue
         fused_in = ins.computation if ins.computation in module.fused else None
         root = roots.get(ins.computation) if fused_in else None

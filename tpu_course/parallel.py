@@ -352,27 +352,14 @@ def mlp_block_reference_step(lr: float = 0.1) -> Callable:
     return jax.jit(step)
 
 
-def observed_collectives(report: Any, distinct: bool | None = None) -> dict[str, tuple[int, int]]:
+def observed_collectives(report: Any) -> dict[str, tuple[int, int]]:
     """``{kind: (arrays, bytes per device)}`` of the collectives in a ``tpu_course.hlo`` report.
 
     The same shape as ``tpu_course.comms.CollectivePlan.by_kind()``, so a prediction and
     the compiled program compare with ``==``. Bytes are operand bytes per device.
-
-    ``distinct`` (default: on for compile-only TPU reports) counts each distinct
-    ``(kind, shape, dtype, replica groups)`` once: the TPU compiler splits one
-    asynchronous all-gather across the start, body and end computations of an "async
-    collective fusion", so the HLO text holds the same all-gather up to three times.
-    Leave it off where two parameters share a shape on purpose.
     """
-    if distinct is None:
-        distinct = bool(getattr(report, "compile_only", False))
-    seen = set()
     out: dict[str, tuple[int, int]] = {}
     for c in report.collectives:
-        key = (c.kind, tuple(c.shape), str(c.dtype), c.replica_groups)
-        if distinct and key in seen:
-            continue
-        seen.add(key)
         a, b = out.get(c.kind, (0, 0))
         out[c.kind] = (a + 1, b + int(c.bytes))
     return out
