@@ -142,6 +142,8 @@ def _write_pair(nb: Any, ipynb: pathlib.Path) -> None:
 
     jupytext = _jupytext()
     nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,py:percent"
+    for i, cell in enumerate(nb.cells):  # stable ids: a rebuild changes only what changed
+        cell["id"] = f"cell-{i:03d}"
     nbformat.write(nb, ipynb)
     jupytext.write(nb, ipynb.with_suffix(".py"), fmt="py:percent")
 
