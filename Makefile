@@ -33,12 +33,12 @@ help:
 
 setup: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/setup_venv.sh
-	scripts/setup_venv.sh $(VENV) "$$(scripts/find_python.sh)" "$(EXTRAS)"
+	py=$$(scripts/find_python.sh) && scripts/setup_venv.sh $(VENV) "$$py" "$(EXTRAS)"
 	@touch $@
 
 setup-oldest: $(VENV_OLDEST)/.stamp
 $(VENV_OLDEST)/.stamp: pyproject.toml scripts/setup_venv.sh ci/oldest.txt
-	scripts/setup_venv.sh $(VENV_OLDEST) "$$(PYTHON= scripts/find_python.sh 3.11)" "dev,parity" ci/oldest.txt
+	py=$$(PYTHON= scripts/find_python.sh 3.11) && scripts/setup_venv.sh $(VENV_OLDEST) "$$py" "dev,parity" ci/oldest.txt
 	@touch $@
 
 lab: setup
