@@ -502,52 +502,38 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def _module_to_jax(name: str, m: Any, tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+    """One layer's named tensors (its parameters, or their gradients) in JAX layout."""
+    nn = _torch().nn
+    if isinstance(m, nn.Linear):
+        return linear_to_jax(tensors["weight"], tensors.get("bias"))
+    if isinstance(m, nn.Conv2d):
+        return conv2d_to_jax(tensors["weight"], tensors.get("bias"))
+    if isinstance(m, nn.LayerNorm):
+        return layernorm_to_jax(tensors.get("weight"), tensors.get("bias"))
+    if isinstance(m, nn.Embedding):
+        return embedding_to_jax(tensors["weight"])
+    raise TypeError(
+        f"no converter for {type(m).__name__} ('{name}'): convert its parameters "
+        "by hand and add them to the dict (known: Linear, Conv2d, LayerNorm, Embedding)")
+
+
 def torch_layer_params(module: Any) -> dict[str, dict[str, np.ndarray]]:
     """A PyTorch module's parameters as ``{layer: {name: array}}`` in JAX layout.
 
     Knows ``Linear``, ``Conv2d``, ``LayerNorm`` and ``Embedding``; any other module that
     owns parameters raises a ``TypeError`` naming it.
     """
-    torch = _torch()
-    nn = torch.nn
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for name, m in module.named_modules():
-        if not list(m.parameters(recurse=False)):
-            continue
-        if isinstance(m, nn.Linear):
-            out[name] = linear_to_jax(m.weight, m.bias)
-        elif isinstance(m, nn.Conv2d):
-            out[name] = conv2d_to_jax(m.weight, m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            out[name] = layernorm_to_jax(m.weight, m.bias)
-        elif isinstance(m, nn.Embedding):
-            out[name] = embedding_to_jax(m.weight)
-        else:
-            raise TypeError(
-                f"no converter for {type(m).__name__} ('{name}'): convert its parameters "
-                "by hand and add them to the dict (known: Linear, Conv2d, LayerNorm, "
-                "Embedding)")
-    return out
+    return {name: _module_to_jax(name, m, dict(m.named_parameters(recurse=False)))
+            for name, m in module.named_modules() if list(m.parameters(recurse=False))}
 
 
 def _grads_in_jax_layout(module: Any) -> dict[str, dict[str, np.ndarray]]:
+    """The gradients of :func:`torch_layer_params`, same layout (zeros where none)."""
     torch = _torch()
-    nn = torch.nn
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for name, m in module.named_modules():
-        if not list(m.parameters(recurse=False)):
-            continue
-        g = {k: (p.grad if p.grad is not None else torch.zeros_like(p))
-             for k, p in m.named_parameters(recurse=False)}
-        if isinstance(m, nn.Linear):
-            out[name] = linear_to_jax(g["weight"], g.get("bias"))
-        elif isinstance(m, nn.Conv2d):
-            out[name] = conv2d_to_jax(g["weight"], g.get("bias"))
-        elif isinstance(m, nn.LayerNorm):
-            out[name] = layernorm_to_jax(g.get("weight"), g.get("bias"))
-        elif isinstance(m, nn.Embedding):
-            out[name] = embedding_to_jax(g["weight"])
-    return out
+    return {name: _module_to_jax(name, m, {k: (p.grad if p.grad is not None else torch.zeros_like(p))
+                                           for k, p in m.named_parameters(recurse=False)})
+            for name, m in module.named_modules() if list(m.parameters(recurse=False))}
 
 
 def torch_trace(module: Any, x: Any, y: Any | None = None, *,
