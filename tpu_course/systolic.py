@@ -492,6 +492,20 @@ def _ones_conv(*lengths: int) -> np.ndarray:
     return out
 
 
+def _fold_grid(kd: int, nd: int, R: int, C: int
+               ) -> tuple[int, int, list[tuple[int, int]], list[int], list[int]]:
+    """Tiles of a Kd x Nd stationary matrix on an R x C array: counts, order and used sizes.
+
+    Folds run column tile outer, K tile inner (so a column's partial sums accumulate
+    over consecutive folds); ``ru``/``cu`` are the rows/columns each fold really uses.
+    """
+    nkb, nnb = math.ceil(kd / R), math.ceil(nd / C)
+    folds = [(kb, nb) for nb in range(nnb) for kb in range(nkb)]
+    ru = [min(R, kd - kb * R) for kb, _ in folds]
+    cu = [min(C, nd - nb * C) for _, nb in folds]
+    return nkb, nnb, folds, ru, cu
+
+
 def _fold_accounting(folds: list[tuple[int, int]], stream_start: Any, T: int, ru: Any, cu: Any,
                      nkb: int, timing: str, transpose_out: bool,
                      size: int) -> tuple[list["Fold"], np.ndarray]:
@@ -547,11 +561,8 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
     """
     T, kd = x.shape
     nd = s.shape[1]
-    nkb, nnb = math.ceil(kd / R), math.ceil(nd / C)
-    folds = [(kb, nb) for nb in range(nnb) for kb in range(nkb)]  # column tile outer
+    nkb, nnb, folds, ru, cu = _fold_grid(kd, nd, R, C)
     F = len(folds)
-    ru = [min(R, kd - kb * R) for kb, _ in folds]
-    cu = [min(C, nd - nb * C) for _, nb in folds]
     dt = x.dtype
     # Left-edge buffers: row k of K tile kb sends x[i, kb*R + k] at relative cycle i + k.
     feed = np.zeros((nkb, T + R - 1, R), dt)
@@ -793,11 +804,8 @@ def _run_stationary_batched(x: np.ndarray, s: np.ndarray, R: int, C: int, timing
     """
     T, kd = x.shape
     nd = s.shape[1]
-    nkb, nnb = math.ceil(kd / R), math.ceil(nd / C)
-    folds = [(kb, nb) for nb in range(nnb) for kb in range(nkb)]  # column tile outer
+    nkb, nnb, folds, ru, cu = _fold_grid(kd, nd, R, C)
     F = len(folds)
-    ru = [min(R, kd - kb * R) for kb, _ in folds]
-    cu = [min(C, nd - nb * C) for _, nb in folds]
     dt = x.dtype
     tags = _stream_tags(T, R, C)
     slot, n_feed, U = tags["slot"], T + R - 1, tags["cycles"]
