@@ -27,14 +27,43 @@
 # The chip numbers come from `tpu_course.hardware`; never type them in.
 
 # %%
-# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
-# jax, jaxlib and libtpu; where the package is already installed it does nothing.
-import importlib.metadata, importlib.util, subprocess, sys
-if importlib.util.find_spec("tpu_course") is None:
-    keep = [f"{p}=={importlib.metadata.version(p)}" for p in ("jax", "jaxlib", "libtpu")
-            if importlib.util.find_spec(p)]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
-                    "tpu-course @ git+https://github.com/tpu-course/tpu-course"], check=True)
+# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
+# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
+# course's floor, it upgrades them together to a tested set and asks for one restart.
+import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
+class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
+    def _render_traceback_(self): return [str(self)]
+def setup_course(floor="0.7.2"):
+    def version(p):
+        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
+        except md.PackageNotFoundError: return None
+    course = os.environ.get("TPU_COURSE_SPEC",
+                            "tpu-course @ git+https://github.com/tpu-course/tpu-course")
+    jax_now = version("jax")
+    upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
+    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
+        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
+                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+        wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
+    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
+        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+        wanted.append(course)
+    else:
+        return
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
+        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
+                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
+                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+    if upgrade:
+        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
+                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
+                        " installed together. Restart the runtime once (Colab: Runtime > "
+                        "Restart session) and run all again: the new jax loads only in a "
+                        "fresh process, and this cell will then install nothing.")
+setup_course()
 
 # %%
 from tpu_course import runtime

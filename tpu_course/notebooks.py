@@ -35,15 +35,57 @@ FOLDERS = ("notebooks", "solutions", "labs")
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION:?\s*(?P<name>.*)$")
 END = re.compile(r"^[ \t]*### END SOLUTION\s*$")
 
-SETUP_CELL = f'''\
-# Setup: on Colab or Kaggle this installs the course package and keeps the runtime's own
-# jax, jaxlib and libtpu; where the package is already installed it does nothing.
-import importlib.metadata, importlib.util, subprocess, sys
-if importlib.util.find_spec("tpu_course") is None:
-    keep = [f"{{p}}=={{importlib.metadata.version(p)}}" for p in ("jax", "jaxlib", "libtpu")
-            if importlib.util.find_spec(p)]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *keep,
-                    "tpu-course @ git+https://github.com/{REPOSITORY}"], check=True)'''
+#: The oldest jax the course runs on: Colab's own (pyproject.toml's floor, ci/colab.txt).
+#: A test keeps the three equal. A runtime below it is upgraded to exactly this version.
+JAX_FLOOR = "0.7.2"
+
+# The first code cell of every notebook, lab and solution (``make sync`` writes it). Four
+# cases, each tested in throw-away virtual environments (tests/test_setup_cell.py): the
+# course and a recent enough jax are there -> nothing happens; the course is missing ->
+# pip installs it alone, the runtime's jax, jaxlib and libtpu pinned as they are (no jax
+# at all: pip brings the newest); jax is
+# below the floor -> jax, jaxlib (with libtpu or the CUDA plugin) and the course installed
+# together at the floor's tested versions, then "Run all" stops asking for one restart;
+# pip fails -> its last lines and the fix, no traceback. ``TPU_COURSE_SPEC`` replaces the
+# pip requirement for the course (a fork, a tag, a wheel).
+SETUP_CELL = (r'''# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
+# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
+# course's floor, it upgrades them together to a tested set and asks for one restart.
+import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
+class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
+    def _render_traceback_(self): return [str(self)]
+def setup_course(floor="@FLOOR@"):
+    def version(p):
+        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
+        except md.PackageNotFoundError: return None
+    course = os.environ.get("TPU_COURSE_SPEC",
+                            "tpu-course @ git+https://github.com/@REPO@")
+    jax_now = version("jax")
+    upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
+    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
+        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
+                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+        wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
+    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
+        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+        wanted.append(course)
+    else:
+        return
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
+        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
+                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
+                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+    if upgrade:
+        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
+                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
+                        " installed together. Restart the runtime once (Colab: Runtime > "
+                        "Restart session) and run all again: the new jax loads only in a "
+                        "fresh process, and this cell will then install nothing.")
+setup_course()'''
+              .replace("@FLOOR@", JAX_FLOOR).replace("@REPO@", REPOSITORY))
 
 
 def colab_url(path: str) -> str:
@@ -220,7 +262,21 @@ def check() -> list[str]:
 
 
 def sync_setup_cells() -> None:
-    """Put the canonical setup cell first in every ``.py`` twin (after the title cell)."""
+    """Put the canonical setup cell first in every ``.py`` twin (after the title cell).
+
+    The ``.ipynb`` beside each twin gets the same source in its first code cell (its
+    outputs stay: where the course is installed the cell prints nothing), so changing
+    the setup cell needs no re-execution; labs are rewritten from their solutions.
+    """
+    import nbformat
+
+    for ipynb in (p.with_suffix(".ipynb") for p in all_twins()):
+        if ipynb.exists():
+            nb = nbformat.read(ipynb, as_version=4)
+            first = next((c for c in nb.cells if c.cell_type == "code"), None)
+            if first is not None and first.source.strip() != SETUP_CELL.strip():
+                first.source = SETUP_CELL
+                nbformat.write(nb, ipynb)
     for py in all_twins():
         text = py.read_text()
         parts = re.split(r"(?m)^(?=# %%)", text)
@@ -277,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         write_labs()
     elif args.cmd == "sync":
         sync_setup_cells()
+        write_labs()
         sync_readme()
     elif args.cmd == "check":
         problems = check()
