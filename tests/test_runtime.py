@@ -106,3 +106,29 @@ def test_doctor_flags_a_tpu_host_where_jax_sees_only_cpu(monkeypatch):
     rt = runtime.Runtime("cpu", "cpu", 1, 1, None, False, "colab")
     lines, problems = doctor.doctor_report(rt)
     assert any("JAX sees only a CPU" in p for p in problems)
+
+
+def test_donation_probe_matches_a_train_step_on_this_jax():
+    """Where the probe says donation is safe, a real train step agrees donated or not."""
+    import jax
+    import numpy as np
+    import optax
+
+    from tpu_course import models, train
+
+    model = models.create("mlp", seed=0)
+    tx = optax.adam(1e-3)
+    graphdef, state0 = train.init_state(model, tx)
+    step = train.make_train_step(graphdef, tx)
+    rng = np.random.default_rng(0)
+    batch = train.Batch(rng.random((64, 28, 28), np.float32), rng.integers(0, 10, 64).astype(np.int32),
+                        np.ones(64, np.float32))
+    losses = []
+    for donate in ((), (0,)):
+        state = jax.tree.map(lambda a: jax.numpy.array(a, copy=True), state0)
+        fn = jax.jit(step, donate_argnums=donate)
+        for _ in range(3):
+            state, metrics = fn(state, batch)
+        losses.append(float(metrics["loss"]))
+    agree = abs(losses[0] - losses[1]) < 1e-5
+    assert agree == runtime.donation_is_safe(), (losses, jax.__version__)

@@ -78,11 +78,45 @@ class HloTraceError(TypeError):
     """``fn`` could not be traced: a Python decision depended on an array's value."""
 
 
-def tpu_compiler_available() -> bool:
-    """True when ``libtpu`` is importable, so compile-only TPU targets can work."""
+def tpu_compiler_problem() -> str | None:
+    """None when compile-only TPU targets can work here, else why not and the fix.
+
+    Two things must hold: ``libtpu`` is installed, and it is the build that the installed
+    jax pins in its ``tpu`` extra. A mismatched libtpu crashes the whole process (a
+    segmentation fault, not an exception) the first time it compiles for a topology:
+    Colab's TPU runtime in August 2026 ships jax 0.7.2 with libtpu 0.0.21.1, while jax
+    0.7.2 pins libtpu 0.0.23, and compiling for ``v5e:2x2`` there kills the kernel. So the
+    course compiles for compile-only targets only with the pinned build; a real TPU
+    runtime still runs everything on its own chips.
+    """
+    import importlib.metadata as md
     import importlib.util
 
-    return importlib.util.find_spec("libtpu") is not None
+    if importlib.util.find_spec("libtpu") is None:
+        return "the TPU compiler (libtpu) is not installed. " + _INSTALL_HINT
+    try:
+        have = md.version("libtpu")
+        pins = [r for r in (md.requires("jax") or ()) if r.replace(" ", "").startswith("libtpu")]
+    except md.PackageNotFoundError:  # a libtpu not installed by pip: nothing to compare
+        return None
+    from packaging.requirements import Requirement
+
+    for line in pins:
+        spec = Requirement(line).specifier
+        if not spec.contains(have, prereleases=True):
+            return (
+                f"libtpu {have} is installed, but jax {md.version('jax')} is built for "
+                f"libtpu{spec}; compiling for a TPU target with a mismatched libtpu crashes "
+                f"the process, so compile-only targets are off here. To turn them on, "
+                f"install the matching build in a fresh runtime: pip install "
+                f"'libtpu{spec}' (or pip install 'jax[tpu]=={md.version('jax')}')."
+            )
+    return None
+
+
+def tpu_compiler_available() -> bool:
+    """True when compile-only TPU targets can work here (see :func:`tpu_compiler_problem`)."""
+    return tpu_compiler_problem() is None
 
 
 def compile_only_available(name: str = "v5e:1x1") -> bool:
@@ -133,11 +167,9 @@ def tpu_topology(name: str) -> Any:
             f"unknown TPU topology {name!r}: expected 'generation:shape' with a generation "
             f"in {sorted(VERIFIED_TOPOLOGIES)}; verified targets are {listing}."
         )
-    if not tpu_compiler_available():
-        raise TpuCompilerMissing(
-            f"compiling for {name!r} needs the TPU compiler, which is not installed. "
-            + _INSTALL_HINT
-        )
+    problem = tpu_compiler_problem()
+    if problem:
+        raise TpuCompilerMissing(f"compiling for {name!r} needs the TPU compiler: {problem}")
     import jax
     from jax.experimental import topologies
 
@@ -150,7 +182,16 @@ def tpu_topology(name: str) -> Any:
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         with runtime.quiet_libtpu():
-            topo = topologies.get_topology_desc(key, "tpu")
+            try:
+                topo = topologies.get_topology_desc(key, "tpu")
+            except Exception as err:
+                # Older libtpu (jax 0.7) assumes 2x2x1 chips per host and rejects a
+                # smaller slice unless told its per-host bounds.
+                dims = [int(d) for d in match.group("shape").split("x")]
+                if "chips_per_host_bounds" not in str(err) or math.prod(dims) >= 4:
+                    raise
+                topo = topologies.get_topology_desc(
+                    key, "tpu", chips_per_host_bounds=tuple(dims + [1] * (3 - len(dims))))
     except Exception as err:  # JaxRuntimeError: INVALID_ARGUMENT from libtpu
         raise ValueError(
             f"the TPU compiler rejected topology {name!r}: {str(err).splitlines()[0]}. "

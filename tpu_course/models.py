@@ -95,8 +95,11 @@ class MLP(nnx.Module):
     def __init__(self, hidden: Sequence[int] = (256, 256), num_classes: int = NUM_CLASSES,
                  *, dtype: Any = None, rngs: nnx.Rngs):
         widths = [IMAGE_SHAPE[0] * IMAGE_SHAPE[1], *hidden]
-        self.hidden = nnx.List([nnx.Linear(a, b, dtype=dtype, rngs=rngs)
-                                for a, b in zip(widths[:-1], widths[1:])])
+        # Flax 0.12 wants a list of sub-modules wrapped in nnx.List; 0.11 has no nnx.List
+        # and takes the plain list.
+        layers = getattr(nnx, "List", list)
+        self.hidden = layers([nnx.Linear(a, b, dtype=dtype, rngs=rngs)
+                              for a, b in zip(widths[:-1], widths[1:])])
         self.out = nnx.Linear(widths[-1], num_classes, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:

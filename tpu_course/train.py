@@ -82,7 +82,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from tpu_course import models
+from tpu_course import models, runtime
 
 # --------------------------------------------------------------------------- state
 
@@ -783,7 +783,7 @@ def fit(config: TrainConfig = TrainConfig(), *, data: Any = None,
     eval_bs = min(config.eval_batch_size, len(test_x))
     evaluate_fn = make_device_evaluate(make_eval_step(graphdef, compute_dtype=dtype),
                                        len(test_x), eval_bs)
-    donate = (0,) if config.donate else ()
+    donate = (0,) if config.donate and runtime.donation_is_safe() else ()
 
     ckpt = pathlib.Path(checkpoint_dir) / "state.npz" if checkpoint_dir is not None else None
     done: list[EpochRecord] = []
