@@ -75,6 +75,7 @@ import numpy as np
 
 from tpu_course import checks, systolic
 import tpu_course.checks.ch01
+from tpu_course.checks import NotWritten
 
 # %% [markdown]
 # ## Exercise 1: the weight-stationary schedule

@@ -242,7 +242,11 @@ def test_unknown_topology_lists_the_valid_ones():
 
 
 def test_missing_tpu_extra_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(hlo, "tpu_compiler_available", lambda: False)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "libtpu" else real(name, *a))
     monkeypatch.setattr(hlo, "_TOPOLOGIES", {})
     assert not hlo.compile_only_available()
     with pytest.raises(hlo.TpuCompilerMissing, match=r"tpu-course\[aot\]"):
@@ -391,3 +395,27 @@ def test_bad_topology_shape_is_rejected_with_the_list(libtpu):
         hlo.tpu_topology("v5e:3x3")
     with pytest.raises(ValueError, match="product is 8"):
         hlo.tpu_mesh("v5e:2x4", (3,), ("data",))
+
+
+def test_a_libtpu_jax_does_not_pin_is_refused_before_it_can_crash(monkeypatch):
+    """Colab's TPU runtime (Aug 2026): jax 0.7.2 pins libtpu 0.0.23 but 0.0.21.1 is there;
+    compiling for a topology with it segfaults, so the course refuses with the fix."""
+    import importlib.metadata as md
+    import importlib.util
+
+    real_spec, real_version, real_requires = importlib.util.find_spec, md.version, md.requires
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "libtpu" else real_spec(name, *a))
+    monkeypatch.setattr(md, "version", lambda p: {"libtpu": "0.0.21.1", "jax": "0.7.2"}.get(
+        p) or real_version(p))
+    monkeypatch.setattr(md, "requires", lambda p: ['libtpu==0.0.23; extra == "tpu"']
+                        if p == "jax" else real_requires(p))
+    monkeypatch.setattr(hlo, "_TOPOLOGIES", {})
+    problem = hlo.tpu_compiler_problem()
+    assert "libtpu 0.0.21.1" in problem and "libtpu==0.0.23" in problem
+    assert not hlo.tpu_compiler_available() and not hlo.compile_only_available()
+    with pytest.raises(hlo.TpuCompilerMissing, match="pip install 'libtpu==0.0.23'"):
+        hlo.tpu_topology("v5e:2x2")
+    monkeypatch.setattr(md, "version", lambda p: {"libtpu": "0.0.23", "jax": "0.7.2"}.get(
+        p) or real_version(p))
+    assert hlo.tpu_compiler_problem() is None

@@ -47,11 +47,12 @@ def test_lab_from_solution_drops_solution_cells_and_outputs():
     hidden = nbformat.v4.new_markdown_cell("The answer is 2 because ...")
     hidden.metadata["tags"] = ["solution"]
     title = nbformat.v4.new_markdown_cell("# Lab 1 (solution): systolic arrays")
-    lab = notebooks.lab_from_solution(_nb(title, code, hidden))
-    assert [c.cell_type for c in lab.cells] == ["markdown", "code"]
+    imp = nbformat.v4.new_code_cell("from tpu_course.checks import NotWritten")
+    lab = notebooks.lab_from_solution(_nb(title, imp, code, hidden))
+    assert [c.cell_type for c in lab.cells] == ["markdown", "code", "code"]
     assert lab.cells[0].source == "# Lab 1: systolic arrays"
-    assert lab.cells[1].outputs == [] and lab.cells[1].execution_count is None
-    assert "y = 2" not in lab.cells[1].source
+    assert lab.cells[2].outputs == [] and lab.cells[2].execution_count is None
+    assert "y = 2" not in lab.cells[2].source
 
 
 def test_setup_cell_installs_nothing_and_starts_no_jax_when_the_package_is_present():
@@ -80,3 +81,42 @@ def test_every_lab_has_stubs_and_no_solution_markers():
         text = lab.read_text()
         assert "### BEGIN SOLUTION" not in text, lab.name
         assert "NotImplementedError" in text, f"{lab.name} has no exercise"
+
+
+def test_top_level_stubs_leave_not_written_values_and_function_stubs():
+    src = ("### BEGIN SOLUTION Exercise 3 (predict)\n"
+           "flops, bytes_ = 2 * 8, 4 * 8\n"
+           "def ai(f: float, b: float) -> float:\n"
+           "    return f / b\n"
+           "### END SOLUTION\n"
+           "check(flops, bytes_, ai)")
+    lab = notebooks.strip_solutions(src)
+    assert 'flops = NotWritten("Exercise 3 (predict)")' in lab
+    assert 'bytes_ = NotWritten("Exercise 3 (predict)")' in lab
+    assert "def ai(f: float, b: float) -> float:" in lab and "f / b" not in lab
+    ns = {"NotWritten": __import__("tpu_course.checks", fromlist=["NotWritten"]).NotWritten}
+    exec(lab.replace("check(flops, bytes_, ai)", ""), ns)  # an unsolved cell does not raise
+    with pytest.raises(NotImplementedError):
+        ns["ai"](1.0, 2.0)
+
+
+def test_a_lab_with_value_stubs_must_import_not_written():
+    code = nbformat.v4.new_code_cell("### BEGIN SOLUTION Ex 1\ny = 2\n### END SOLUTION")
+    with pytest.raises(ValueError, match="import"):
+        notebooks.lab_from_solution(_nb(code))
+    imp = nbformat.v4.new_code_cell("from tpu_course.checks import NotWritten, ch01")
+    assert notebooks.lab_from_solution(_nb(imp, code)).cells[1].source.endswith('NotWritten("Ex 1")')
+
+
+def test_same_code_cells_must_equal_the_package_source(tmp_path):
+    import inspect
+
+    from tpu_course import checks
+
+    good = "# Same code as tpu_course.checks.is_not_written\n" + inspect.getsource(checks.is_not_written)
+    bad = good.replace("isinstance", "type")
+    for name, src in (("good", good), ("bad", bad)):
+        nbformat.write(_nb(nbformat.v4.new_code_cell(src)), tmp_path / f"{name}.ipynb")
+    assert notebooks.same_code_problems(tmp_path / "good.ipynb") == []
+    problems = notebooks.same_code_problems(tmp_path / "bad.ipynb")
+    assert len(problems) == 1 and "differs from tpu_course.checks.is_not_written" in problems[0]

@@ -127,36 +127,69 @@ def twin_in_sync(ipynb: pathlib.Path) -> str | None:
     return f"{ipynb.name} has {len(a)} cells, {py.name} has {len(b)}"
 
 
-def _stub(name: str, indent: str) -> str:
+def _stub(name: str, indent: str, block: list[str]) -> str:
+    """What a lab shows in place of a solution block.
+
+    Inside a function (an indented block) the stub raises ``NotImplementedError``: the
+    function can be defined and passed to its checker, which reports "not written yet".
+    At the top level of a cell nothing may raise (an unsolved lab runs to its
+    scorecard), so each name the block assigns becomes ``NotWritten("<exercise>")``
+    (``tpu_course.checks.NotWritten``, which the lab must import) and each function it
+    defines a stub with the same signature.
+    """
     label = name or "this exercise"
-    return f'{indent}raise NotImplementedError("{label}: write your code here")'
+    if indent:
+        return f'{indent}raise NotImplementedError("{label}: write your code here")'
+    import ast
+
+    lines = [f"# {label}: write your code here"]
+    for node in ast.parse("\n".join(block)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+            lines += [f"def {node.name}({ast.unparse(node.args)}){returns}:",
+                      f'    raise NotImplementedError("{label}: write your code here")']
+        else:
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name) and isinstance(leaf.ctx, ast.Store):
+                        lines.append(f'{leaf.id} = NotWritten("{label}")')
+    return "\n".join(dict.fromkeys(lines))  # a name assigned twice gets one stub
 
 
 def strip_solutions(source: str) -> str:
-    """Replace each marked solution block by a stub raising ``NotImplementedError``.
+    """Replace each marked solution block by a stub (see :func:`_stub`).
 
     >>> print(strip_solutions("def f(x):\\n    ### BEGIN SOLUTION Exercise 1\\n"
     ...                       "    return x + 1\\n    ### END SOLUTION\\n"))
     def f(x):
         raise NotImplementedError("Exercise 1: write your code here")
     <BLANKLINE>
+    >>> print(strip_solutions("### BEGIN SOLUTION Exercise 2\\nflops = 2 * 8**3\\n"
+    ...                       "### END SOLUTION"))
+    # Exercise 2: write your code here
+    flops = NotWritten("Exercise 2")
     """
     out: list[str] = []
-    inside = False
+    block: list[str] | None = None
+    begin = None
     for line in source.split("\n"):
-        begin = BEGIN.match(line)
-        if begin:
-            if inside:
+        start = BEGIN.match(line)
+        if start:
+            if block is not None:
                 raise ValueError("nested ### BEGIN SOLUTION markers")
-            inside = True
-            out.append(_stub(begin.group("name").strip(), begin.group("indent")))
+            block, begin = [], start
         elif END.match(line):
-            if not inside:
+            if block is None:
                 raise ValueError("### END SOLUTION without a BEGIN")
-            inside = False
-        elif not inside:
+            out.append(_stub(begin.group("name").strip(), begin.group("indent"), block))
+            block = None
+        elif block is not None:
+            block.append(line)
+        else:
             out.append(line)
-    if inside:
+    if block is not None:
         raise ValueError("### BEGIN SOLUTION without an END")
     return "\n".join(out)
 
@@ -176,7 +209,61 @@ def lab_from_solution(solution: Any) -> Any:
             cell.source = cell.source.replace(" (solution)", "").replace(" (solutions)", "")
         cells.append(cell)
     lab.cells = cells
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    if "NotWritten(" in code and not re.search(r"import[^\n]*\bNotWritten\b", code):
+        raise ValueError("the lab has top-level exercise stubs (NotWritten) but does not "
+                         "import it: add `from tpu_course.checks import NotWritten` to the "
+                         "solution's import cell")
     return lab
+
+
+SAME_CODE = re.compile(r"^# Same code as (?P<names>tpu_course\.[\w.]+(?:, tpu_course\.[\w.]+)*)")
+
+
+def _normalise_code(text: str) -> str:
+    lines = [line.rstrip() for line in text.strip().split("\n")]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+def same_code_problems(ipynb: pathlib.Path) -> list[str]:
+    """Cells that show package code and have drifted from it.
+
+    The one-source rule: code a chapter teaches and the package reuses (chapter 5's model
+    and train step, chapter 6's shardings) lives in ``tpu_course``, and the chapter shows
+    it as an ordinary, editable code cell whose first line says
+    ``# Same code as tpu_course.models.CNN`` (several names: comma-separated). The rest
+    of that cell must be exactly ``inspect.getsource`` of each object, in order.
+    """
+    import importlib
+    import inspect
+
+    import nbformat
+
+    problems = []
+    nb = nbformat.read(ipynb, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        match = SAME_CODE.match(cell.source) if cell.cell_type == "code" else None
+        if not match:
+            continue
+        sources = []
+        for dotted in match.group("names").split(", "):
+            module, _, attr = dotted.rpartition(".")
+            try:
+                obj = getattr(importlib.import_module(module), attr)
+                sources.append(inspect.getsource(obj))
+            except (ImportError, AttributeError, TypeError, OSError) as err:
+                problems.append(f"{ipynb.name} cell {i}: cannot read {dotted}: {err}")
+                break
+        else:
+            shown = _normalise_code(cell.source.split("\n", 1)[1] if "\n" in cell.source else "")
+            want = _normalise_code("\n\n".join(sources))
+            if shown != want:
+                first = next((a, b) for a, b in zip(shown.split("\n") + [""] * 999,
+                                                     want.split("\n") + [""] * 999) if a != b)
+                problems.append(f"{ipynb.parent.name}/{ipynb.name} cell {i} differs from "
+                                f"{match.group('names')}: {first[0]!r} vs {first[1]!r} "
+                                "(change both: the chapter shows the package's code)")
+    return problems
 
 
 def _write_pair(nb: Any, ipynb: pathlib.Path) -> None:
@@ -228,6 +315,38 @@ def build(py_path: pathlib.Path, timeout_s: int = 600) -> float:
     return elapsed
 
 
+SCORE = re.compile(r"Lab (?P<lab>\d+): (?P<passed>\d+) of (?P<gradable>\d+) passed"
+                   r"(?:, (?P<skipped>\d+) skipped)?")
+
+
+def run_unsolved_lab(ipynb: pathlib.Path, timeout_s: int = 600) -> tuple[list[str], float]:
+    """Execute an unsolved lab on a fresh kernel, as "Restart and run all" would.
+
+    Returns the problems (cells that raised, no scorecard, a scorecard that is not
+    "0 of M") and the seconds it took. The notebook file is not changed.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ipynb, as_version=4)
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ipynb.parent)}}).execute()
+    elapsed = time.perf_counter() - start
+    problems, scores = [], []
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                problems.append(f"{ipynb.name} cell {i} raised {out.ename}: {out.evalue[:200]}")
+            text = out.get("text", "") or out.get("data", {}).get("text/plain", "")
+            scores += [m for m in SCORE.finditer(text if isinstance(text, str) else "".join(text))]
+    if not scores:
+        problems.append(f"{ipynb.name}: no scorecard line ('Lab N: k of M passed') in the outputs")
+    elif int(scores[-1].group("passed")) != 0:
+        problems.append(f"{ipynb.name}: the unsolved lab scores {scores[-1].group(0)!r}, not 0")
+    return problems, elapsed
+
+
 def all_twins() -> list[pathlib.Path]:
     """Every ``.py`` twin in ``notebooks/`` and ``solutions/`` (labs are generated)."""
     return sorted(p for f in ("notebooks", "solutions") for p in (ROOT / f).glob("*.py"))
@@ -250,6 +369,9 @@ def check() -> list[str]:
                     f"{folder}/{ipynb.name}: the first code cell is not the canonical setup "
                     "cell (tpu_course.notebooks.SETUP_CELL); run `make sync`"
                 )
+    for folder in ("notebooks", "solutions"):
+        for ipynb in sorted((ROOT / folder).glob("*.ipynb")):
+            problems += same_code_problems(ipynb)
     problems += write_labs(check_only=True)
     readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else ""
     for ipynb in sorted((ROOT / "notebooks").glob("*.ipynb")):
@@ -324,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("labs", help="write labs/ from solutions/")
     sub.add_parser("check", help="report drift and exit 1 when there is any")
     sub.add_parser("sync", help="rewrite every setup cell and the README chapter table")
+    r = sub.add_parser("run-labs", help="run each unsolved lab to its scorecard (0 of M)")
+    r.add_argument("paths", nargs="*", type=pathlib.Path)
     args = parser.parse_args(argv)
     if args.cmd == "build":
         paths = all_twins() if args.all else [p.with_suffix(".py") for p in args.paths]
@@ -335,6 +459,16 @@ def main(argv: list[str] | None = None) -> int:
         sync_setup_cells()
         write_labs()
         sync_readme()
+    elif args.cmd == "run-labs":
+        problems = []
+        for lab in args.paths or sorted((ROOT / "labs").glob("*.ipynb")):
+            found, seconds = run_unsolved_lab(lab.with_suffix(".ipynb"))
+            print(f"{lab.with_suffix('.ipynb').name}: {seconds:.1f} s, "
+                  f"{'ok' if not found else f'{len(found)} problem(s)'}", flush=True)
+            problems += found
+        for p in problems:
+            print(p)
+        return 1 if problems else 0
     elif args.cmd == "check":
         problems = check()
         for p in problems:
