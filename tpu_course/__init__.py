@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 REPOSITORY = "tpu-course/tpu-course"
 
 _SUBMODULES = (
-    "hardware", "systolic", "roofline", "comms", "runtime", "data", "hlo", "bench",
+    "errors", "hardware", "systolic", "roofline", "comms", "runtime", "data", "hlo", "bench",
     "models", "train", "parallel", "parity", "viz", "checks", "notebooks",
 )
 
