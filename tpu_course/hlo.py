@@ -44,7 +44,7 @@ import re
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tpu_course import runtime
+from tpu_course import errors, runtime
 
 # --------------------------------------------------------------------------------------
 # Compile-only TPU topologies
@@ -129,7 +129,7 @@ def tpu_topology(name: str) -> Any:
     match = _TOPOLOGY_RE.match(key)
     listing = ", ".join(valid_topologies())
     if not match or match.group("gen") not in VERIFIED_TOPOLOGIES:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"unknown TPU topology {name!r}: expected 'generation:shape' with a generation "
             f"in {sorted(VERIFIED_TOPOLOGIES)}; verified targets are {listing}."
         )
@@ -152,7 +152,7 @@ def tpu_topology(name: str) -> Any:
         with runtime.quiet_libtpu():
             topo = topologies.get_topology_desc(key, "tpu")
     except Exception as err:  # JaxRuntimeError: INVALID_ARGUMENT from libtpu
-        raise ValueError(
+        raise errors.CourseValueError(
             f"the TPU compiler rejected topology {name!r}: {str(err).splitlines()[0]}. "
             f"Verified targets: {listing}."
         ) from err
@@ -173,12 +173,12 @@ def tpu_mesh(name: str, axis_shape: Sequence[int] | None = None,
     devices = list(tpu_topology(name).devices)
     shape = tuple(axis_shape) if axis_shape is not None else (len(devices),)
     if math.prod(shape) != len(devices):
-        raise ValueError(
+        raise errors.CourseValueError(
             f"mesh shape {shape} holds {math.prod(shape)} devices but {name!r} has "
             f"{len(devices)}; pick a shape whose product is {len(devices)}."
         )
     if len(axis_names) != len(shape):
-        raise ValueError(f"{len(shape)} mesh axes need {len(shape)} names, got {axis_names!r}")
+        raise errors.CourseValueError(f"{len(shape)} mesh axes need {len(shape)} names, got {axis_names!r}")
     return Mesh(np.array(devices, dtype=object).reshape(shape), tuple(axis_names))
 
 

@@ -44,6 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tpu_course import errors
+
 STRATEGIES = ("dp", "fsdp", "tp")
 
 
@@ -72,18 +74,18 @@ def make_mesh(shape: Sequence[int], names: Sequence[str], devices: Sequence[Any]
     """
     shape, names = tuple(shape), tuple(names)
     if len(shape) != len(names):
-        raise ValueError(f"mesh shape {shape} and axis names {names} differ in length")
+        raise errors.CourseValueError(f"mesh shape {shape} and axis names {names} differ in length")
     kwargs = _axis_types(len(shape), explicit)
     n = int(np.prod(shape))
     if devices is None:
         have = jax.device_count()
         if n > have:
-            raise ValueError(f"a {shape} mesh needs {n} devices, JAX sees {have}. On a CPU call "
+            raise errors.CourseValueError(f"a {shape} mesh needs {n} devices, JAX sees {have}. On a CPU call "
                              "tpu_course.runtime.simulate_devices(8) before JAX starts.")
         return jax.make_mesh(shape, names, **kwargs)
     devices = list(devices)
     if n > len(devices):
-        raise ValueError(f"a {shape} mesh needs {n} devices, {len(devices)} were given")
+        raise errors.CourseValueError(f"a {shape} mesh needs {n} devices, {len(devices)} were given")
     return Mesh(np.asarray(devices[:n], dtype=object).reshape(shape), names, **kwargs)
 
 
@@ -136,7 +138,7 @@ def param_specs(strategy: str, params: Any, axis: str = "data", axis_size: int |
       count of 2D kernels is odd (its width is usually the 10 classes).
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     n = axis_size or 1
     if strategy == "dp":
@@ -245,7 +247,7 @@ def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
         put = (lambda b: jax.device_put(b, dev)) if dev is not None else (lambda b: b)  # noqa: E731
     else:
         if mesh is None:
-            raise ValueError("a sharded run needs a mesh")
+            raise errors.CourseValueError("a sharded run needs a mesh")
         fn, s_state, s_batch = make_sharded_train_step(step, strategy, state, mesh)
         state = jax.device_put(state, s_state)
         put = lambda b: jax.device_put(b, s_batch)  # noqa: E731
@@ -289,7 +291,7 @@ def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
         return {"w1": P(axis), "w2": P(axis)}, P(axis)
     if strategy == "tp":
         return {"w1": P(None, axis), "w2": P(axis, None)}, P()
-    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
 def _shard_map(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tpu_course import systolic
+from tpu_course import errors, systolic
 
 _NAMES = {  # what the three arrays of a Frame mean, per dataflow
     "ws": ("weight", "activation", "partial sum"),
@@ -67,7 +67,7 @@ def key_cycles(run: systolic.SystolicRun, count: int = 8) -> list[int]:
 
 def _frames(run: systolic.SystolicRun) -> tuple[systolic.Frame, ...]:
     if not run.trace:
-        raise ValueError("this run has no trace: call simulate(..., trace=True) on a small "
+        raise errors.CourseValueError("this run has no trace: call simulate(..., trace=True) on a small "
                          "array (e.g. rows=4, cols=4) to get one frame per cycle")
     return run.trace
 
@@ -190,7 +190,7 @@ def export_animation(run: systolic.SystolicRun, path: str | pathlib.Path, fps: f
 
     path = pathlib.Path(path)
     if path.suffix not in (".gif", ".html", ".htm"):
-        raise ValueError(f"export_animation writes .gif or .html, got {path.name!r}")
+        raise errors.CourseValueError(f"export_animation writes .gif or .html, got {path.name!r}")
     frames = _frames(run)
     fig = draw_frame(run, 0)
 
