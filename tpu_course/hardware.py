@@ -437,7 +437,7 @@ def table(chip_names: list[str] | None = None) -> str:
     """
     rows = [("chip", "bf16 TFLOP/s", "HBM GB", "HBM GB/s", "MXUs", "FLOP/byte"),
             ("----", "------------", "------", "--------", "----", "---------")]
-    if chip_names is not None and (isinstance(chip_names, str) or not all(
+    if chip_names is not None and (not isinstance(chip_names, (list, tuple)) or not all(
             isinstance(n, str) for n in chip_names)):
         raise errors.CourseTypeError(f"chip_names={chip_names!r}: expected a list of chip names "
                                      "such as ['v5e', 'h100'].")

@@ -255,10 +255,23 @@ class SystolicRun:
 # --------------------------------------------------------------------------------------
 
 
+def _positive_int_error(v: Any) -> type[errors.CourseError]:
+    """The error class for a value that is not a positive integer: type or value."""
+    wrong_type = isinstance(v, bool) or not isinstance(v, (int, np.integer))
+    return errors.CourseTypeError if wrong_type else errors.CourseValueError
+
+
+def _check_sizes(**sizes: Any) -> None:
+    """The matmul's extents M, K, N: positive integers."""
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise _positive_int_error(v)(f"{name} must be a positive integer, got {v!r}")
+
+
 def _check_array_size(rows: Any, cols: Any) -> None:
     for name, v in (("rows", rows), ("cols", cols)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise errors.CourseValueError(
+            raise _positive_int_error(v)(
                 f"{name} must be a positive integer (the array's {name}), got {v!r}; "
                 "for example rows=4, cols=4 for a toy array or 128, 128 for a TPU v5e MXU"
             )
@@ -331,6 +344,7 @@ def fold_count(M: int, K: int, N: int, rows: int, cols: int, dataflow: str = "ws
     """
     _check_dataflow(dataflow, "tpu")
     _check_array_size(rows, cols)
+    _check_sizes(M=M, K=K, N=N)
     d_r, d_c, _ = _dims(dataflow, M, K, N)
     return math.ceil(d_r / rows) * math.ceil(d_c / cols)
 
@@ -376,9 +390,7 @@ def cycle_count(M: int, K: int, N: int, rows: int, cols: int, dataflow: str = "w
     """
     _check_dataflow(dataflow, timing)
     _check_array_size(rows, cols)
-    for name, v in (("M", M), ("K", K), ("N", N)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise errors.CourseValueError(f"{name} must be a positive integer, got {v!r}")
+    _check_sizes(M=M, K=K, N=N)
     r, c = int(rows), int(cols)
     f = fold_count(M, K, N, r, c, dataflow)
     t = _dims(dataflow, M, K, N)[2]
@@ -397,7 +409,8 @@ def utilization(M: int, K: int, N: int, rows: int, cols: int, dataflow: str = "w
     >>> round(utilization(100, 100, 100, 128, 128), 3), round(utilization(10_000, 10_000, 10_000, 128, 128), 3)
     (0.127, 0.978)
     """
-    return M * K * N / (rows * cols * max(1, cycle_count(M, K, N, rows, cols, dataflow, timing)))
+    cycles = cycle_count(M, K, N, rows, cols, dataflow, timing)  # checks every argument
+    return M * K * N / (rows * cols * max(1, cycles))
 
 
 # --------------------------------------------------------------------------------------
@@ -1219,7 +1232,9 @@ def memory_accesses_per_mac(n: int, machine: str, *, tile: int = 16, rows: int =
     0.0166
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise errors.CourseValueError(f"n must be a positive integer (the matmul size), got {n!r}")
+        raise _positive_int_error(n)(f"n must be a positive integer (the matmul size), got {n!r}")
+    errors.check_int("tile", tile, low=1)
+    _check_array_size(rows, cols)
     macs = n ** 3
     if machine == "cpu":
         return AccessModel("cpu", n, 3.0 * macs, 1.0 * macs, macs)
