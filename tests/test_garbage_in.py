@@ -164,3 +164,73 @@ def test_data_refuses_any_bad_file_by_name(tmp_path, blob):
         data.verify(path, spec)
     assert_course_error(info.value)
     assert spec.name in str(info.value)
+
+
+# --------------------------------------------------------------------------------------
+# The cases issue 13 reported, each with the message it must give now
+# --------------------------------------------------------------------------------------
+
+TRAIN_CONFIG_CASES = [
+    (dict(learning_rate=-0.01), ValueError, r"TrainConfig.learning_rate=-0.01: expected a finite number > 0 and <= 1"),
+    (dict(learning_rate=0.0), ValueError, r"TrainConfig.learning_rate=0.0: expected a finite number > 0"),
+    (dict(learning_rate=math.nan), ValueError, r"TrainConfig.learning_rate=nan: expected a finite number"),
+    (dict(learning_rate="0.01"), TypeError, r"TrainConfig.learning_rate='0.01': .* got a string. Pass a number"),
+    (dict(max_train_examples=-100), ValueError, r"TrainConfig.max_train_examples=-100: expected an integer >= 1"),
+    (dict(max_train_examples=0), ValueError, r"TrainConfig.max_train_examples=0: expected an integer >= 1"),
+    (dict(warmup_steps=-5), ValueError, r"TrainConfig.warmup_steps=-5: expected an integer >= 0"),
+    (dict(stop_at_accuracy=1.5), ValueError, r"TrainConfig.stop_at_accuracy=1.5: expected a finite number > 0 and <= 1"),
+    (dict(epochs=2.5), TypeError, r"TrainConfig.epochs=2.5: expected an integer >= 1, got a float"),
+    (dict(batch_size=64.0), TypeError, r"TrainConfig.batch_size=64.0: .* Write it without a decimal point \(64\)"),
+    (dict(features=(0, 0)), ValueError, r"TrainConfig.features\[0\]=0: expected an integer >= 1"),
+    (dict(model="resnet"), ValueError, r"TrainConfig.model='resnet': expected one of 'cnn', 'mlp'"),
+]
+
+
+@pytest.mark.parametrize("fields, kind, message", TRAIN_CONFIG_CASES)
+def test_train_config_refuses_the_reported_nonsense(fields, kind, message):
+    train = pytest.importorskip("tpu_course.train")
+    with pytest.raises(kind, match=message) as info:
+        train.TrainConfig(**fields)
+    assert_course_error(info.value)
+
+
+def test_cnn_refuses_zero_width_features():
+    models = pytest.importorskip("tpu_course.models")
+    from flax import nnx
+
+    with pytest.raises(ValueError, match=r"CNN.features\[0\]=0: expected an integer >= 1"):
+        models.CNN(features=(0, 0), rngs=nnx.Rngs(0))
+
+
+COST_CASES = [
+    (lambda: comms.all_reduce_time(-1e6, 8, "v5e"), ValueError, r"v_bytes=-1000000.0: expected a finite number >= 0"),
+    (lambda: comms.all_gather_time(math.nan, 8, "v5e"), ValueError, r"v_bytes=nan: expected a finite number >= 0"),
+    (lambda: comms.all_to_all_time(-1, 8, "v5p"), ValueError, r"v_bytes=-1"),
+    (lambda: comms.mfu(1e12, 1.0, 0, "v5e"), ValueError, r"chips=0: expected an integer >= 1"),
+    (lambda: comms.training_cost("v5e", 0, hours=1.0), ValueError, r"chips=0: expected an integer >= 1"),
+    (lambda: comms.training_cost("v5e", -8, hours=1.0), ValueError, r"chips=-8"),
+    (lambda: comms.training_cost("v5e", 8, hours=-1.0), ValueError, r"hours=-1.0: expected a finite number >= 0"),
+    (lambda: comms.training_cost("v5e", 8, hours=1.0, pricing="spot-ish"), ValueError,
+     r"pricing='spot-ish': expected one of 'on_demand', 'spot'"),
+    (lambda: comms.training_cost("a100", 8, hours=1.0), ValueError, r"chip='a100': no price in the table; it has 'v5e'"),
+    (lambda: comms.collective_bytes("fsdp", SHAPES, devices=0), ValueError, r"devices=0: expected an integer >= 1"),
+    (lambda: comms.collective_bytes("dp", SHAPES, devices=0), ValueError, r"devices=0: expected an integer >= 1"),
+    (lambda: comms.collective_bytes("pp", SHAPES, devices=8), ValueError, r"strategy='pp': expected one of 'dp', 'fsdp', 'tp'"),
+]
+
+
+@pytest.mark.parametrize("call, kind, message", COST_CASES)
+def test_cost_models_refuse_the_reported_nonsense(call, kind, message):
+    with pytest.raises(kind, match=message) as info:
+        call()
+    assert_course_error(info.value)
+
+
+def test_hlo_inspect_target_42_is_a_type_error_listing_the_valid_ones():
+    hlo = pytest.importorskip("tpu_course.hlo")
+    import jax.numpy as jnp
+
+    with pytest.raises(TypeError, match=r"target=42: expected None .* 'v5e:2x2'") as info:
+        hlo.inspect(lambda x: x + 1, jnp.ones(3), target=42)
+    assert_course_error(info.value)
+    assert "v6e:1x1" in str(info.value)

@@ -70,11 +70,11 @@ _INSTALL_HINT = (
 )
 
 
-class TpuCompilerMissing(ImportError):
+class TpuCompilerMissing(errors.CourseError, ImportError):
     """The TPU compiler (``libtpu``, from the ``aot`` extra) is not installed."""
 
 
-class HloTraceError(TypeError):
+class HloTraceError(errors.CourseTypeError):
     """``fn`` could not be traced: a Python decision depended on an array's value."""
 
 
@@ -123,6 +123,9 @@ def tpu_topology(name: str) -> Any:
             verified ones).
         TpuCompilerMissing: libtpu is not installed (the message says how to get it).
     """
+    if not isinstance(name, str):
+        raise errors.CourseTypeError(f"topology {name!r}: expected a name such as 'v5e:2x2'; "
+                                     f"valid: {', '.join(valid_topologies())}.")
     key = name.strip().lower()
     if key in _TOPOLOGIES:
         return _TOPOLOGIES[key]
@@ -873,6 +876,12 @@ def inspect(fn: Callable, *args: Any, target: str | None = None, **kwargs: Any) 
     name = _fn_name(fn)
     if target is not None:
         topo = tpu_topology(target) if isinstance(target, str) else target
+        if isinstance(topo, (bool, int, float)) or not isinstance(
+                getattr(topo, "devices", None), (list, tuple)):
+            raise errors.CourseTypeError(
+                f"target={target!r}: expected None (this machine's default backend), a "
+                "compile-only TPU topology name such as 'v5e:2x2' (valid: "
+                f"{', '.join(valid_topologies())}), or a topology from tpu_topology().")
         devices = list(topo.devices)
         args, kwargs = _place_on((args, kwargs), devices[0], set(devices))
         devices = _arg_devices((args, kwargs)) or devices[:1]

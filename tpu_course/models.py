@@ -24,8 +24,6 @@ images to seconds (XLA's CPU convolutions, and their gradients above all, are sl
 ``CNN(features=(32, 64))`` is the wider original.
 
 >>> from flax import nnx
-
-from tpu_course import errors
 >>> count_params(CNN(rngs=nnx.Rngs(0))), count_params(MLP(rngs=nnx.Rngs(0)))
 (206922, 269322)
 """
@@ -38,6 +36,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from tpu_course import errors
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
-from tpu_course import hardware
+from tpu_course import errors, hardware
 
 _FLAG = "--xla_force_host_platform_device_count"
 TPU_LOCKFILE = "/tmp/libtpu_lockfile"
@@ -60,7 +60,7 @@ def quiet_libtpu() -> Iterator[None]:
         print("\n".join(kept), file=sys.stderr)
 
 
-class TooLateError(RuntimeError):
+class TooLateError(errors.CourseError, RuntimeError):
     """Raised when a setting that must precede JAX's backend start comes too late."""
 
 
