@@ -178,7 +178,7 @@ TRAIN_CONFIG_CASES = [
     (dict(max_train_examples=-100), ValueError, r"TrainConfig.max_train_examples=-100: expected an integer >= 1"),
     (dict(max_train_examples=0), ValueError, r"TrainConfig.max_train_examples=0: expected an integer >= 1"),
     (dict(warmup_steps=-5), ValueError, r"TrainConfig.warmup_steps=-5: expected an integer >= 0"),
-    (dict(stop_at_accuracy=1.5), ValueError, r"TrainConfig.stop_at_accuracy=1.5: expected a finite number > 0 and <= 1"),
+    (dict(stop_at_accuracy=1.5), ValueError, r"TrainConfig.stop_at_accuracy=1.5: expected a finite number >= 0 and <= 1"),
     (dict(epochs=2.5), TypeError, r"TrainConfig.epochs=2.5: expected an integer >= 1, got a float"),
     (dict(batch_size=64.0), TypeError, r"TrainConfig.batch_size=64.0: .* Write it without a decimal point \(64\)"),
     (dict(features=(0, 0)), ValueError, r"TrainConfig.features\[0\]=0: expected an integer >= 1"),

@@ -480,7 +480,8 @@ class TrainConfig:
         eval_batch_size: examples per evaluation batch (the test set is padded to it).
         log_every: record the mean training loss and accuracy every this many steps.
         max_train_examples: train on the first this many examples only (None: all).
-        stop_at_accuracy: stop after the first epoch whose test accuracy reaches it.
+        stop_at_accuracy: stop after the first epoch whose test accuracy reaches it (a
+            fraction in [0, 1]; 0 stops after the first epoch).
         progress: show a tqdm progress bar.
     """
 
@@ -523,8 +524,9 @@ class TrainConfig:
         if self.max_train_examples is not None:
             errors.check_int("max_train_examples", self.max_train_examples, low=1, where=where)
         if self.stop_at_accuracy is not None:
+            # 0 is allowed: it stops after the first epoch (a way to interrupt a run).
             errors.check_number("stop_at_accuracy", self.stop_at_accuracy, low=0, high=1,
-                                low_open=True, where=where)
+                                where=where)
         for field in ("donate", "progress"):
             if not isinstance(getattr(self, field), bool):
                 raise errors.CourseTypeError(f"{where}.{field}={getattr(self, field)!r}: "
