@@ -78,8 +78,9 @@ def w_ici(chip: hardware.Chip) -> float:
     chip = hardware.as_chip(chip)
     if chip.kind == "gpu":
         if chip.ici_bytes_per_s is None:
-            raise errors.CourseValueError(f"{chip.display_name} has no NVLink bandwidth in the table "
-                             "(PCIe only): its collectives are bound by PCIe, not modelled here")
+            raise errors.CourseValueError(
+                f"{chip.display_name} has no NVLink bandwidth in the table (PCIe only): its "
+                "collectives are bound by PCIe, not modelled here")
         return float(chip.ici_bytes_per_s)
     if chip.ici_link_bytes_per_s is None:
         raise errors.CourseValueError(
@@ -120,8 +121,8 @@ def _axes(axes: int | Sequence[int]) -> tuple[int, ...]:
         sizes = ()
     if not sizes or any(isinstance(a, bool) or not isinstance(a, numbers.Integral) or a < 1
                         for a in sizes):
-        raise errors.CourseValueError(f"axes must be a positive int or a sequence of them (mesh axis "
-                         f"sizes such as 8 or (4, 4)), got {axes!r}")
+        raise errors.CourseValueError(f"axes must be a positive int or a sequence of them "
+                                      f"(mesh axis sizes such as 8 or (4, 4)), got {axes!r}")
     return sizes
 
 
@@ -592,7 +593,7 @@ def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterab
         for s in shapes:
             if s[0] % devices:
                 raise errors.CourseValueError(f"FSDP shards each parameter's first axis over {devices} devices; "
-                                 f"shape {tuple(s)} does not divide. Pick sizes that divide.")
+                                              f"shape {tuple(s)} does not divide. Pick sizes that divide.")
         cs = [Collective("all-gather", len(sizes), total // devices, total,
                          "each parameter gathered for the forward pass"),
               Collective("reduce-scatter", len(sizes), total, total,

@@ -82,7 +82,7 @@ def make_mesh(shape: Sequence[int], names: Sequence[str], devices: Sequence[Any]
         have = jax.device_count()
         if n > have:
             raise errors.CourseValueError(f"a {shape} mesh needs {n} devices, JAX sees {have}. On a CPU call "
-                             "tpu_course.runtime.simulate_devices(8) before JAX starts.")
+                                          "tpu_course.runtime.simulate_devices(8) before JAX starts.")
         return jax.make_mesh(shape, names, **kwargs)
     devices = list(devices)
     if n > len(devices):

@@ -237,8 +237,8 @@ def epoch_indices(n: int, batch_size: int, *, seed: int = 0, epoch: int = 0,
         steps = n // batch_size
         if steps == 0:
             raise errors.CourseValueError(f"batch_size={batch_size} is larger than the {n} examples: with "
-                             "last_batch='drop' there is no full batch; use a smaller batch "
-                             "or last_batch='pad'")
+                                          "last_batch='drop' there is no full batch; use a smaller batch "
+                                          "or last_batch='pad'")
         idx = order[: steps * batch_size]
         weights = np.ones(idx.shape, np.float32)
     elif last_batch == "pad":
@@ -723,13 +723,13 @@ def restore_checkpoint(path: str | os.PathLike, like: TrainState) -> tuple[Train
             diff = next((f"{a} vs {b}" for a, b in zip(saved_keys, keys) if a != b),
                         f"{len(saved_keys)} leaves vs {len(keys)}")
             raise errors.CourseValueError(f"checkpoint {path} does not match this model/optimizer: {diff}. "
-                             "Restore into the state of the same model and optimizer.")
+                                          "Restore into the state of the same model and optimizer.")
         out = []
         for i, ref in enumerate(leaves):
             arr = f[f"{i:05d}"]
             if arr.shape != np.shape(ref) or arr.dtype != np.asarray(ref).dtype:
                 raise errors.CourseValueError(f"checkpoint leaf {keys[i]} has {arr.shape} {arr.dtype}, "
-                                 f"expected {np.shape(ref)} {np.asarray(ref).dtype}")
+                                              f"expected {np.shape(ref)} {np.asarray(ref).dtype}")
             sharding = getattr(ref, "sharding", None)
             out.append(jax.device_put(arr, sharding) if sharding is not None else jnp.asarray(arr))
         metadata = json.loads(str(f["__metadata__"]))

@@ -70,7 +70,7 @@ def key_cycles(run: systolic.SystolicRun, count: int = 8) -> list[int]:
 def _frames(run: systolic.SystolicRun) -> tuple[systolic.Frame, ...]:
     if not run.trace:
         raise errors.CourseValueError("this run has no trace: call simulate(..., trace=True) on a small "
-                         "array (e.g. rows=4, cols=4) to get one frame per cycle")
+                                      "array (e.g. rows=4, cols=4) to get one frame per cycle")
     return run.trace
 
 
