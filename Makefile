@@ -17,6 +17,9 @@ export TPU_COURSE_DATA ?= $(SHARED_MNIST)
 endif
 export PYTHONHASHSEED := 0
 
+# Jupyter refuses to run as root (containers, many cloud VMs) without --allow-root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
 .PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab labs sync notebooks bench doctor clean
@@ -44,12 +47,16 @@ $(VENV_COLAB)/.stamp: pyproject.toml scripts/setup_venv.sh ci/colab.txt
 	@touch $@
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=. $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=. $(ALLOW_ROOT) $(LAB_ARGS)
 
 doctor: setup
 	$(PY) -m tpu_course doctor
 
 test: test-unit test-notebooks test-labs test-colab
+
+# Deprecation and future warnings fail the tests and the notebook kernels
+# (tpu_course/warnings_policy.py; conftest.py sets the same for a bare pytest).
+test-unit test-notebooks test-labs test-colab: export TPU_COURSE_STRICT_WARNINGS := 1
 
 test-unit: setup
 	$(PY) -m pytest -q -ra tests tpu_course

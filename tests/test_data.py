@@ -167,3 +167,54 @@ def test_corrupt_full_set_is_reported_not_silently_replaced(mnist_dir, monkeypat
     monkeypatch.setenv("TPU_COURSE_DATA", str(mnist_dir))
     with pytest.raises(data.DataError, match="wrong checksum"):
         data.load_mnist()
+
+
+def test_corrupt_gzip_in_the_offline_subset_is_a_data_error(mnist_dir, monkeypatch):
+    # Damage the compressed bytes but keep the gzip header: gzip raises zlib.error.
+    f = mnist_dir / "train-10k-images-idx3-ubyte.gz"
+    blob = bytearray(f.read_bytes())
+    blob[20:4000] = bytes(3980)
+    f.write_bytes(bytes(blob))
+    monkeypatch.setenv("TPU_COURSE_DATA", str(mnist_dir))
+    with pytest.raises(data.DataError, match="corrupt: it does not decompress") as err:
+        data.load_mnist()
+    msg = str(err.value)
+    assert "train-10k-images-idx3-ubyte.gz" in msg and "error" in msg
+    assert isinstance(err.value, ValueError)
+
+
+def test_truncated_file_advice_depends_on_whether_anything_will_be_downloaded(
+        mnist_dir, tmp_path, monkeypatch):
+    f = mnist_dir / "t10k-images-idx3-ubyte.gz"
+    f.write_bytes(f.read_bytes()[: 100_000])
+    spec = data.MNIST_FILES["test_images"]
+    monkeypatch.setenv("TPU_COURSE_DATA", str(mnist_dir))
+    with pytest.raises(data.DataError) as offline:
+        data.verify(f, spec)
+    assert "re-download" not in str(offline.value)
+    assert "TPU_COURSE_DATA is set" in str(offline.value) and "replace the file" in str(offline.value)
+    monkeypatch.delenv("TPU_COURSE_DATA")
+    with pytest.raises(data.DataError) as cached:
+        data.verify(f, spec)
+    assert "re-download" in str(cached.value)
+
+
+@pytest.mark.parametrize("contents", [[], ["t10k-images-idx3-ubyte.gz"]])
+def test_empty_folder_says_which_sets_are_accepted(tmp_path, monkeypatch, contents):
+    for name in contents:
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setenv("TPU_COURSE_DATA", str(tmp_path / "missing") + ":" + str(tmp_path))
+    with pytest.raises(data.MissingDataError) as err:
+        data.load_mnist()
+    msg = str(err.value)
+    assert "either the full one (train-images-idx3-ubyte.gz + train-labels-idx1-ubyte.gz)" in msg
+    assert "offline 10,000-image subset (train-10k-images-idx3-ubyte.gz" in msg
+    assert "plus the test set (t10k-images-idx3-ubyte.gz + t10k-labels-idx1-ubyte.gz)" in msg
+    assert ("no .gz files" in msg) == (not contents)
+
+
+def test_a_bad_idx_header_names_the_file(tmp_path, monkeypatch):
+    spec = data.FileSpec("x-idx1-ubyte.gz", sha256_raw=None)
+    raw = bytes([0, 0, 0x42, 1, 0, 0, 0, 3, 1, 2, 3])  # unknown element type 0x42
+    with pytest.raises(data.DataError, match="x-idx1-ubyte.gz: not an IDX file"):
+        data._parse(tmp_path / spec.name, raw)

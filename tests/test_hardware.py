@@ -63,7 +63,7 @@ def test_lookup_says_unknown_instead_of_guessing(kind):
 
 
 def test_get_unknown_lists_the_table():
-    with pytest.raises(KeyError, match="v5e"):
+    with pytest.raises(ValueError, match="v5e"):
         hardware.get("v99")
     assert hardware.get("Trillium").name == "v6e"
 

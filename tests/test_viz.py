@@ -100,3 +100,25 @@ def test_widget_state_is_saved_when_executed_headless(tmp_path):
     assert {"PlayModel", "IntSliderModel", "OutputModel"} <= models
     outputs = nb.cells[0].outputs
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+
+
+def test_html_export_is_self_contained(tmp_path):
+    """Offline, a page that loads icons or scripts from a CDN shows grey bars: nothing
+    in the exported file may point at the network."""
+    import re
+
+    run = systolic.simulate(np.ones((2, 2)), np.ones((2, 2)), 2, 2, trace=True)
+    page = viz.export_animation(run, tmp_path / "a.html").read_text()
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']?([^"' >]+)""", page, flags=re.I)
+    assert refs, "the page should reference its (inline) frames"
+    assert not [r for r in refs if re.match(r"(https?:)?//", r)], refs
+    assert not re.search(r"@import|url\(\s*['\"]?(https?:)?//", page)
+    assert "<link" not in page.lower()
+    assert page.count("data:image/png;base64,") == len(run.trace) + 1  # frames + first
+    for act in ("first", "prev", "play", "pause", "next", "last"):
+        assert f'data-act="{act}"' in page
+
+
+def test_html_player_refuses_nothing_to_play():
+    with pytest.raises(ValueError, match="at least one frame"):
+        viz.html_player([])

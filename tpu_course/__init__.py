@@ -10,7 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tpu_course import warnings_policy as _warnings_policy
+
 __version__ = "0.1.0"
+
+# CI (and any process with TPU_COURSE_STRICT_WARNINGS=1, such as the notebook kernels
+# nbval starts) turns deprecation and future warnings into errors: see warnings_policy.
+_warnings_policy.install_if_requested()
 
 #: The GitHub repository the course lives in (owner/name). The README's "Open in Colab"
 #: links and every notebook's setup cell are generated from this one setting
@@ -18,8 +24,8 @@ __version__ = "0.1.0"
 REPOSITORY = "tpu-course/tpu-course"
 
 _SUBMODULES = (
-    "hardware", "systolic", "roofline", "comms", "runtime", "data", "hlo", "bench",
-    "models", "train", "parallel", "parity", "viz", "checks", "notebooks",
+    "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "runtime",
+    "data", "hlo", "bench", "models", "train", "parallel", "parity", "viz", "checks", "notebooks",
 )
 
 

@@ -1,14 +1,21 @@
 """``python -m tpu_course doctor`` (or ``tpu-course doctor``): is this runtime ready?
 
 Prints the versions that matter, what JAX sees, the chip's row in the hardware table,
-whether devices are simulated, and what to do when something is off.
+whether devices are simulated, and what to do when something is off. It never raises:
+JAX first starts in a throw-away process, so a backend that cannot start (a
+``JAX_PLATFORMS`` naming a missing or unknown platform, an ``XLA_FLAGS`` that XLA
+refuses) is reported with what was asked for, what is available and the fix, and the
+exit status is 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
+import json
 import os
+import subprocess
 import sys
 
 from tpu_course import hardware, runtime
@@ -32,14 +39,125 @@ def _accelerator_hints() -> list[str]:
     return hints
 
 
-def doctor_report(rt: runtime.Runtime | None = None) -> tuple[list[str], list[str]]:
-    """The doctor's findings as (lines, problems); ``rt`` defaults to ``describe()``."""
-    rt = rt or runtime.describe()
-    lines = [
+# Runs in a fresh Python: starts JAX's default backend and says what came up, as JSON.
+_PROBE = """
+import json
+try:
+    import jax
+    d = jax.devices()
+    print(json.dumps({"ok": True, "platform": d[0].platform, "count": len(d),
+                      "device_kind": d[0].device_kind}))
+except BaseException as err:
+    print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {err}"}))
+"""
+
+_PLATFORM_NAMES = ("cpu", "tpu", "cuda", "gpu", "rocm")
+
+
+def probe_backend(env: dict[str, str] | None = None, timeout_s: float = 180) -> dict:
+    """Start JAX in a separate process with ``env``; report what came up or why not.
+
+    Returns ``{"ok": True, "platform", "count", "device_kind"}`` or ``{"ok": False,
+    "error", "stderr", "returncode"}``. A process that XLA aborts, or that hangs, is a
+    result here, not an exception.
+    """
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"JAX did not start within {timeout_s:.0f} s",
+                "stderr": "", "returncode": None}
+    except OSError as err:
+        return {"ok": False, "error": str(err), "stderr": "", "returncode": None}
+    out = proc.stdout.strip().splitlines()
+    try:
+        result = json.loads(out[-1]) if out else {}
+    except ValueError:
+        result = {}
+    if not result:
+        said = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        result = {"ok": False, "error": said[-1] if said else
+                  f"the process ended with exit code {proc.returncode} and said nothing"}
+    result.update(stderr=proc.stderr, returncode=proc.returncode)
+    return result
+
+
+def _header() -> list[str]:
+    return [
         "tpu-course doctor",
         "  versions: " + ", ".join(f"{p} {_version(p)}" for p in
                                    ("jax", "jaxlib", "libtpu", "flax", "optax")),
-        f"  python {sys.version.split()[0]}; host: {rt.host}",
+        f"  python {sys.version.split()[0]}; host: {runtime._host()}",
+    ]
+
+
+def _first_line(error: str) -> str:
+    line = (error.strip().splitlines() or [""])[0][:400]
+    if line.rstrip(": ") == "AssertionError":  # JAX's bare assert: no backend came up
+        return "AssertionError (JAX found no backend it could start)"
+    return line
+
+
+def failure_report(failed: dict) -> tuple[list[str], list[str]]:
+    """What to say when JAX's backend does not start: asked for, available, the fix."""
+    asked = os.environ.get("JAX_PLATFORMS", "")
+    flags = os.environ.get("XLA_FLAGS", "")
+    lines = _header() + [
+        f"  JAX_PLATFORMS: {asked!r}" + ("" if asked else " (unset: JAX picks what it finds)"),
+        f"  XLA_FLAGS: {flags!r}" if flags else "  XLA_FLAGS: (unset)",
+        f"  backend: did not start: {_first_line(failed['error'])}",
+    ]
+    clean = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    fallback = probe_backend(clean)
+    if fallback.get("ok"):
+        available = (f"{fallback['platform']} ({fallback['count']} x "
+                     f"{fallback['device_kind']})")
+        lines.append(f"  available: with JAX_PLATFORMS and XLA_FLAGS unset, JAX starts {available}")
+    else:
+        available = None
+        lines.append("  available: JAX does not start even with JAX_PLATFORMS and XLA_FLAGS "
+                     f"unset: {_first_line(fallback['error'])}")
+    stderr = failed.get("stderr", "")
+    wanted = [p.strip().lower() for p in asked.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in _PLATFORM_NAMES]
+    hints = _accelerator_hints()
+    if "Unknown flag in XLA_FLAGS" in stderr or ("XLA_FLAGS" in stderr and flags):
+        # XLA's own log line, without its "F1130 21:10:13.19 1234 file.cc:234] " prefix
+        bad = [ln.split("] ", 1)[-1].strip() for ln in stderr.splitlines() if "XLA_FLAGS" in ln]
+        problem = (f"XLA refuses XLA_FLAGS ({bad[-1] if bad else flags}): remove that flag "
+                   "or unset XLA_FLAGS (flags differ between jaxlib versions). In a notebook, "
+                   "a bad XLA_FLAGS kills the kernel as it starts JAX.")
+    elif unknown:
+        problem = (f"JAX_PLATFORMS={asked!r} names a platform JAX does not know "
+                   f"({', '.join(map(repr, unknown))}): use 'cpu', 'tpu' or 'cuda', or unset "
+                   "JAX_PLATFORMS to let JAX pick.")
+    elif "tpu" in wanted:
+        problem = ("JAX_PLATFORMS asks for a TPU, but none could be started here. "
+                   + ("This looks like a TPU host: check that no other process holds the TPU "
+                      f"(`sudo lsof -w /dev/accel0`; a stale {runtime.TPU_LOCKFILE} can be "
+                      "deleted when none does) and that jax[tpu] is installed. "
+                      if "tpu" in hints else "This machine shows no TPU device. ")
+                   + "Unset JAX_PLATFORMS (or set it to 'cpu') to run on what is here.")
+    elif {"cuda", "gpu", "rocm"} & set(wanted):
+        problem = ("JAX_PLATFORMS asks for a GPU, but none could be started here. "
+                   + ("An NVIDIA GPU is present: install the CUDA build, "
+                      "`pip install 'jax[cuda12]'`. " if "gpu" in hints else
+                      "This machine shows no NVIDIA GPU. ")
+                   + "Unset JAX_PLATFORMS (or set it to 'cpu') to run on what is here.")
+    else:
+        problem = ("JAX could not start a backend: reinstall matching jax and jaxlib "
+                   "versions (`pip install -U jax`), and see the message above.")
+    if available and "XLA_FLAGS" not in problem:
+        problem += f" Available here: {available}."
+    lines.append("  status: 1 problem(s)")
+    lines.append(f"  ! {problem}")
+    return lines, [problem]
+
+
+def doctor_report(rt: runtime.Runtime | None = None) -> tuple[list[str], list[str]]:
+    """The doctor's findings as (lines, problems); ``rt`` defaults to ``describe()``."""
+    rt = rt or runtime.describe()
+    lines = _header() + [
         f"  backend: {rt.platform}; device kind: {rt.device_kind!r}; devices: "
         f"{rt.device_count}; processes: {rt.process_count}",
     ]
@@ -83,6 +201,14 @@ def doctor_report(rt: runtime.Runtime | None = None) -> tuple[list[str], list[st
             "TPU. Stop other notebooks/processes using it (`sudo lsof -w /dev/accel0`), or "
             f"if none is running delete the stale lock: `rm {runtime.TPU_LOCKFILE}`."
         )
+    if (rt.platform == "cpu" and importlib.util.find_spec("libtpu") is not None
+            and not os.environ.get("JAX_PLATFORMS")):
+        lines.append(
+            "  note: libtpu (the aot extra, for compile-only TPU targets) is installed on a "
+            "machine without a TPU. With JAX_PLATFORMS unset, JAX tries its TPU backend "
+            "first, and libtpu prints start-up warnings ('... unexpected worker hostname "
+            "...', 'could not determine TPU accelerator type'): harmless. Set "
+            "JAX_PLATFORMS=cpu to skip that attempt; compile-only TPU targets keep working.")
     lines.append("  status: " + ("OK" if not problems else f"{len(problems)} problem(s)"))
     lines += [f"  ! {p}" for p in problems]
     return lines, problems
@@ -96,7 +222,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.simulate:
         runtime.simulate_devices(args.simulate)
-    lines, problems = doctor_report()
+    probe = probe_backend()
+    if not probe.get("ok"):
+        lines, problems = failure_report(probe)
+    else:
+        try:
+            lines, problems = doctor_report()
+        except Exception as err:  # noqa: BLE001 - the doctor reports, it never raises
+            problem = (f"describing the runtime failed: {type(err).__name__}: {err}. Please "
+                       "report this with the lines above.")
+            lines, problems = _header() + ["  status: 1 problem(s)", f"  ! {problem}"], [problem]
     print("\n".join(lines))
     return 1 if problems else 0
 

@@ -49,9 +49,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, Mapping, Sequence
+import numbers
+from typing import Any, Iterable, Mapping, Sequence
 
-from tpu_course import hardware
+from tpu_course import errors, hardware
 
 #: Per-hop ICI latency in seconds, "~1 us" (scaling book, sharding chapter).
 HOP_LATENCY_S = 1e-6
@@ -74,13 +75,15 @@ def w_ici(chip: hardware.Chip) -> float:
     >>> w_ici(hardware.get("v5e"))
     90000000000.0
     """
+    chip = hardware.as_chip(chip)
     if chip.kind == "gpu":
         if chip.ici_bytes_per_s is None:
-            raise ValueError(f"{chip.display_name} has no NVLink bandwidth in the table "
-                             "(PCIe only): its collectives are bound by PCIe, not modelled here")
+            raise errors.CourseValueError(
+                f"{chip.display_name} has no NVLink bandwidth in the table (PCIe only): its "
+                "collectives are bound by PCIe, not modelled here")
         return float(chip.ici_bytes_per_s)
     if chip.ici_link_bytes_per_s is None:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"{chip.display_name} has no per-link ICI bandwidth in tpu_course.hardware "
             "(ici_link_bytes_per_s is None); pick a chip that has one, e.g. 'v5e' or 'v5p'")
     return 2.0 * chip.ici_link_bytes_per_s
@@ -97,6 +100,8 @@ def wraps(chip: hardware.Chip, axis_size: int) -> bool:
     >>> wraps(hardware.get("v5e"), 8), wraps(hardware.get("v5e"), 16), wraps(hardware.get("v5p"), 8)
     (False, True, True)
     """
+    chip = hardware.as_chip(chip)
+    axis_size = errors.check_int("axis_size", axis_size, low=1)
     if axis_size <= 2:
         return True
     rule = chip.wraparound.lower()
@@ -108,22 +113,32 @@ def wraps(chip: hardware.Chip, axis_size: int) -> bool:
 
 
 def _axes(axes: int | Sequence[int]) -> tuple[int, ...]:
-    sizes = (axes,) if isinstance(axes, int) else tuple(axes)
-    if not sizes or any((not isinstance(a, int)) or a < 1 for a in sizes):
-        raise ValueError(f"axes must be a positive int or a sequence of them (mesh axis "
-                         f"sizes such as 8 or (4, 4)), got {axes!r}")
+    if isinstance(axes, numbers.Integral):
+        sizes: tuple = (axes,)
+    elif isinstance(axes, Sequence) and not isinstance(axes, str):
+        sizes = tuple(axes)
+    else:
+        sizes = ()
+    if not sizes or any(isinstance(a, bool) or not isinstance(a, numbers.Integral) or a < 1
+                        for a in sizes):
+        raise errors.CourseValueError(f"axes must be a positive int or a sequence of them "
+                                      f"(mesh axis sizes such as 8 or (4, 4)), got {axes!r}")
     return sizes
 
 
-def _wrap_flags(chip: hardware.Chip, sizes: tuple[int, ...],
+def _wrap_flags(chip: hardware.Chip | None, sizes: tuple[int, ...],
                 wraparound: bool | Sequence[bool] | None) -> tuple[bool, ...]:
-    if wraparound is None:
+    if wraparound is None and chip is not None:
         return tuple(wraps(chip, a) for a in sizes)
     if isinstance(wraparound, bool):
         return (wraparound,) * len(sizes)
-    flags = tuple(bool(w) for w in wraparound)
+    if not isinstance(wraparound, Sequence) or isinstance(wraparound, str) or not all(
+            isinstance(w, bool) for w in wraparound):
+        raise errors.CourseTypeError(f"wraparound={wraparound!r}: expected True, False or one "
+                                     "bool per mesh axis, e.g. (True, False).")
+    flags = tuple(wraparound)
     if len(flags) != len(sizes):
-        raise ValueError(f"wraparound has {len(flags)} entries for {len(sizes)} axes")
+        raise errors.CourseValueError(f"wraparound has {len(flags)} entries for {len(sizes)} axes")
     return flags
 
 
@@ -134,7 +149,7 @@ def ring_hops(axes: int | Sequence[int], wraparound: bool | Sequence[bool] = Tru
     (8, 15, 16)
     """
     sizes = _axes(axes)
-    flags = (wraparound,) * len(sizes) if isinstance(wraparound, bool) else tuple(wraparound)
+    flags = _wrap_flags(None, sizes, wraparound)
     return sum((a // 2 if w else a - 1) for a, w in zip(sizes, flags))
 
 
@@ -167,7 +182,9 @@ def all_gather_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Ch
     >>> all_gather_time(1e3, 16, v5e) * 1e6      # 1 kB: latency-bound, 8 hops x 1 us
     8.0
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    v_bytes = errors.check_number("v_bytes", v_bytes, low=0)
+    hop_latency_s = errors.check_number("hop_latency_s", hop_latency_s, low=0)
+    chip = hardware.as_chip(chip)
     sizes = _axes(axes)
     n = math.prod(sizes)
     if n == 1:
@@ -217,7 +234,9 @@ def all_to_all_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Ch
     >>> all_to_all_time(4 * 90e9, 16, "v5e")
     1.0
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    v_bytes = errors.check_number("v_bytes", v_bytes, low=0)
+    hop_latency_s = errors.check_number("hop_latency_s", hop_latency_s, low=0)
+    chip = hardware.as_chip(chip)
     sizes = _axes(axes)
     if math.prod(sizes) == 1:
         return 0.0
@@ -239,7 +258,9 @@ def latency_bound_bytes(chip: hardware.Chip | str, axis_size: int,
     >>> latency_bound_bytes("v5e", 2)
     90000.0
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    chip = hardware.as_chip(chip)
+    axis_size = errors.check_int("axis_size", axis_size, low=1)
+    hop_latency_s = errors.check_number("hop_latency_s", hop_latency_s, low=0)
     return hop_latency_s * axis_size * w_ici(chip) / 2
 
 
@@ -257,7 +278,8 @@ def dp_min_tokens_per_chip(chip: hardware.Chip | str, axes: int = 1) -> float:
     >>> round(dp_min_tokens_per_chip("v5e")), round(dp_min_tokens_per_chip("v6e"))
     (2189, 5100)
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    chip = hardware.as_chip(chip)
+    axes = errors.check_int("axes", axes, low=1)
     return chip.peak_bf16_flops_per_s / (w_ici(chip) * axes)
 
 
@@ -270,7 +292,9 @@ def tp_max_shards(chip: hardware.Chip | str, d_ff: int, axes: int = 1) -> float:
     >>> round(tp_max_shards("v5p", 32768), 1)
     12.9
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    chip = hardware.as_chip(chip)
+    d_ff = errors.check_int("d_ff", d_ff, low=1)
+    axes = errors.check_int("axes", axes, low=1)
     return axes * d_ff * w_ici(chip) / chip.peak_bf16_flops_per_s
 
 
@@ -284,7 +308,9 @@ def fsdp_tp_min_tokens_per_chip(chip: hardware.Chip | str, d_ff: int,
     >>> round(fsdp_tp_min_tokens_per_chip("v5p", 32768))
     99
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    chip = hardware.as_chip(chip)
+    d_ff = errors.check_int("d_ff", d_ff, low=1)
+    mesh_axes = errors.check_int("mesh_axes", mesh_axes, low=1)
     alpha = chip.peak_bf16_flops_per_s / w_ici(chip)
     return alpha**2 / (mesh_axes * d_ff)
 
@@ -303,8 +329,8 @@ def dcn_bits_per_param(slices: int, grad_bits: int = 32) -> float:
     >>> dcn_bits_per_param(2), dcn_bits_per_param(4), dcn_bits_per_param(2, grad_bits=16)
     (32.0, 48.0, 16.0)
     """
-    if not isinstance(slices, int) or slices < 1:
-        raise ValueError(f"slices must be a positive integer, got {slices!r}")
+    slices = errors.check_int("slices", slices, low=1)
+    grad_bits = errors.check_int("grad_bits", grad_bits, low=1)
     return 2 * (slices - 1) / slices * grad_bits
 
 
@@ -317,9 +343,9 @@ def dcn_intensity(chip: hardware.Chip | str) -> float:
     >>> round(dcn_intensity("v5p")), round(dcn_intensity("v5e"))
     (73440, 63040)
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    chip = hardware.as_chip(chip)
     if chip.dcn_bytes_per_s is None:
-        raise ValueError(f"{chip.display_name} has no DCN bandwidth in tpu_course.hardware")
+        raise errors.CourseValueError(f"{chip.display_name} has no DCN bandwidth in tpu_course.hardware")
     return chip.peak_bf16_flops_per_s / chip.dcn_bytes_per_s
 
 
@@ -335,7 +361,7 @@ def dcn_min_tokens_per_slice(chip: hardware.Chip | str, slices: int,
     >>> round(dcn_min_tokens_per_slice("v5e", 2)), round(dcn_min_tokens_per_slice("v5p", 2))
     (42027, 48960)
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    chip = hardware.as_chip(chip)
     bytes_per_param = dcn_bits_per_param(slices, grad_bits) / 8
     return bytes_per_param * dcn_intensity(chip) / 6
 
@@ -349,8 +375,8 @@ def pipeline_bubble(stages: int, microbatches: int) -> float:
     >>> round(pipeline_bubble(4, 8), 4), pipeline_bubble(1, 8)
     (0.2727, 0.0)
     """
-    if stages < 1 or microbatches < 1:
-        raise ValueError(f"need stages >= 1 and microbatches >= 1, got {stages}, {microbatches}")
+    stages = errors.check_int("stages", stages, low=1)
+    microbatches = errors.check_int("microbatches", microbatches, low=1)
     return (stages - 1) / (microbatches + stages - 1)
 
 
@@ -394,7 +420,10 @@ def recommend(chip: hardware.Chip | str, params: float, tokens_per_slice: float,
       10 x 7e+09 params = 70 GB per chip for a DP replica > 16 GB HBM: shard it (FSDP)
       1,000,000 tokens per slice >= 63,040 needed over DCN with 4 slices: DP across slices is compute-bound
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    chip = hardware.as_chip(chip)
+    params = errors.check_number("params", params, low=0, low_open=True)
+    tokens_per_slice = errors.check_number("tokens_per_slice", tokens_per_slice, low=0)
+    slices = errors.check_int("slices", slices, low=1)
     need = TRAIN_BYTES_PER_PARAM * params
     reasons = []
     if need > chip.hbm_bytes:
@@ -489,6 +518,27 @@ class CollectivePlan:
                 f"</th><th>arrays</th><th>bytes/device</th><th>why</th></tr>{rows}</table>")
 
 
+def _shapes(params: Any) -> list[tuple[int, ...]]:
+    """Parameter shapes from a mapping or a sequence of shapes, each checked."""
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    elif isinstance(params, Iterable) and not isinstance(params, str):
+        items = list(enumerate(params))
+    else:
+        raise errors.CourseTypeError(f"params={params!r}: expected parameter shapes, a mapping "
+                                     "name -> shape or a list of shapes such as [(256, 1024)].")
+    if not items:
+        raise errors.CourseValueError("params is empty: give at least one parameter shape.")
+    shapes = []
+    for key, shape in items:
+        if not isinstance(shape, Sequence) or isinstance(shape, str) or not shape:
+            raise errors.CourseTypeError(f"params[{key!r}]={shape!r}: expected a shape, a "
+                                         "non-empty tuple of positive integers.")
+        shapes.append(tuple(errors.check_int(f"params[{key!r}][{i}]", d, low=1)
+                            for i, d in enumerate(shape)))
+    return shapes
+
+
 def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterable[Sequence[int]],
                      *, devices: int, batch: int | None = None, d_out: int | None = None,
                      bytes_per_elem: int = 4, loss_bytes: int = 4) -> CollectivePlan:
@@ -525,7 +575,11 @@ def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterab
     >>> collective_bytes("tp", shapes, devices=8, batch=64, d_out=256).by_kind()
     {'all-reduce': (1, 65536)}
     """
-    shapes = list(params.values()) if isinstance(params, Mapping) else list(params)
+    errors.check_choice("strategy", strategy, STRATEGIES)
+    devices = errors.check_int("devices", devices, low=1)
+    bytes_per_elem = errors.check_int("bytes_per_elem", bytes_per_elem, low=1)
+    loss_bytes = errors.check_int("loss_bytes", loss_bytes, low=0)
+    shapes = _shapes(params)
     sizes = [math.prod(s) * bytes_per_elem for s in shapes]
     total = sum(sizes)
     loss = [Collective("all-reduce", 1, loss_bytes, loss_bytes, "the mean loss")] if loss_bytes else []
@@ -538,8 +592,8 @@ def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterab
     if strategy == "fsdp":
         for s in shapes:
             if s[0] % devices:
-                raise ValueError(f"FSDP shards each parameter's first axis over {devices} devices; "
-                                 f"shape {tuple(s)} does not divide. Pick sizes that divide.")
+                raise errors.CourseValueError(f"FSDP shards each parameter's first axis over {devices} devices; "
+                                              f"shape {tuple(s)} does not divide. Pick sizes that divide.")
         cs = [Collective("all-gather", len(sizes), total // devices, total,
                          "each parameter gathered for the forward pass"),
               Collective("reduce-scatter", len(sizes), total, total,
@@ -547,11 +601,13 @@ def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterab
         return CollectivePlan("fsdp", devices, tuple(cs + loss))
     if strategy == "tp":
         if batch is None or d_out is None:
-            raise ValueError("tensor parallelism moves activations: pass batch= and d_out=")
+            raise errors.CourseValueError("tensor parallelism moves activations: pass batch= and d_out=")
+        batch = errors.check_int("batch", batch, low=1)
+        d_out = errors.check_int("d_out", d_out, low=1)
         act = batch * d_out * bytes_per_elem
         return CollectivePlan("tp", devices, (Collective(
             "all-reduce", 1, act, act, "the row-parallel layer's partial outputs [batch, d_out]"),))
-    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
 def layer_bytes(strategy: str, d_model: int, d_ff: int, batch: int = 0,
@@ -565,6 +621,11 @@ def layer_bytes(strategy: str, d_model: int, d_ff: int, batch: int = 0,
     >>> layer_bytes("dp", 1, 1), layer_bytes("fsdp", 1, 1), layer_bytes("tp", 1, 1, batch=1)
     (8.0, 12.0, 8.0)
     """
+    errors.check_choice("strategy", strategy, STRATEGIES)
+    d_model = errors.check_int("d_model", d_model, low=1)
+    d_ff = errors.check_int("d_ff", d_ff, low=1)
+    batch = errors.check_int("batch", batch, low=1 if strategy == "tp" else 0)
+    bytes_per_elem = errors.check_int("bytes_per_elem", bytes_per_elem, low=1)
     b = bytes_per_elem / 2  # the book's formulas assume bf16 (2 bytes)
     if strategy == "dp":
         return 8.0 * d_model * d_ff * b
@@ -572,7 +633,7 @@ def layer_bytes(strategy: str, d_model: int, d_ff: int, batch: int = 0,
         return 12.0 * d_model * d_ff * b
     if strategy == "tp":
         return 8.0 * batch * d_model * b
-    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -621,7 +682,10 @@ def mfu(model_flops_per_step: float, step_time_s: float, chips: int,
     >>> round(mfu(197e12, 1.0, 2, "v5e"), 2)
     0.5
     """
-    chip = hardware.get(chip) if isinstance(chip, str) else chip
+    model_flops_per_step = errors.check_number("model_flops_per_step", model_flops_per_step, low=0)
+    step_time_s = errors.check_number("step_time_s", step_time_s, low=0, low_open=True)
+    chips = errors.check_int("chips", chips, low=1)
+    chip = hardware.as_chip(chip)
     return model_flops_per_step / step_time_s / (chips * chip.peak_bf16_flops_per_s)
 
 
@@ -637,11 +701,19 @@ def training_cost(chip: str, chips: int, *, tokens: float | None = None, params:
     >>> round(est.hours, 2), round(est.usd)
     (1.65, 508)
     """
-    if chip not in PRICES_USD_PER_CHIP_HOUR:
-        raise KeyError(f"no price for {chip!r}; the table has {sorted(PRICES_USD_PER_CHIP_HOUR)}")
+    if not isinstance(chip, str) or chip not in PRICES_USD_PER_CHIP_HOUR:
+        raise errors.CourseValueError(f"chip={chip!r}: no price in the table; it has "
+                                      f"{', '.join(map(repr, PRICES_USD_PER_CHIP_HOUR))}.")
     c = hardware.get(chip)
-    if hours is None:
+    chips = errors.check_int("chips", chips, low=1)
+    errors.check_choice("pricing", pricing, PRICES_USD_PER_CHIP_HOUR[chip])
+    if hours is not None:
+        hours = errors.check_number("hours", hours, low=0)
+    else:
         if tokens is None or params is None or mfu_ is None:
-            raise ValueError("give hours=, or all of tokens=, params= and mfu_=")
+            raise errors.CourseValueError("give hours=, or all of tokens=, params= and mfu_=")
+        tokens = errors.check_number("tokens", tokens, low=0)
+        params = errors.check_number("params", params, low=0, low_open=True)
+        mfu_ = errors.check_number("mfu_", mfu_, low=0, high=1, low_open=True)
         hours = 6 * params * tokens / (chips * c.peak_bf16_flops_per_s * mfu_) / 3600
     return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu_)

@@ -32,13 +32,19 @@ import struct
 import tempfile
 import time
 import urllib.request
+import zlib
 from typing import Iterable, Mapping
 
 import numpy as np
 
+from tpu_course import errors
 
-class DataError(RuntimeError):
-    """A data file is missing, corrupt or truncated; the message says what to do."""
+
+class DataError(errors.CourseError, ValueError, RuntimeError):
+    """A data file is missing, corrupt or truncated; the message says what to do.
+
+    A ``ValueError`` (the data is not what it should be) and, as before, a ``RuntimeError``.
+    """
 
 
 class MissingDataError(DataError):
@@ -159,8 +165,7 @@ def verify(path: pathlib.Path, spec: FileSpec) -> bytes:
     """
     blob = path.read_bytes()
     expected = spec.sha256 or spec.md5 or spec.sha256_raw
-    fix = (f"Delete it and run again to re-download, or replace it with the canonical "
-           f"{spec.name}.")
+    fix = _fix_advice(spec)
     if spec.md5 and _digest(blob, "md5") == spec.md5:
         ok_packed = True
     elif spec.sha256 and _digest(blob, "sha256") == spec.sha256:
@@ -169,27 +174,55 @@ def verify(path: pathlib.Path, spec: FileSpec) -> bytes:
         ok_packed = False
     try:
         raw = gzip.decompress(blob)
-    except (OSError, EOFError, gzip.BadGzipFile) as err:
-        raise DataError(f"{path} is truncated or not a gzip file ({err}); expected checksum "
-                        f"{expected}. {fix}") from None
+    except EOFError as err:
+        raise DataError(f"{path} is truncated: the gzip stream ends early ({err}); expected "
+                        f"checksum {expected}. {fix}") from None
+    except gzip.BadGzipFile as err:
+        raise DataError(f"{path} is not a gzip file ({err}); expected checksum {expected}. "
+                        f"{fix}") from None
+    except (OSError, zlib.error) as err:  # zlib.error: the compressed bytes are damaged
+        raise DataError(f"{path} is corrupt: it does not decompress ({type(err).__name__}: "
+                        f"{err}); expected checksum {expected}. {fix}") from None
     if not ok_packed and not (spec.sha256_raw and _digest(raw, "sha256") == spec.sha256_raw):
         raise DataError(f"{path} has the wrong checksum: expected {expected} "
                         f"(md5 {_digest(blob, 'md5')} found). {fix}")
     return raw
 
 
+def _fix_advice(spec: FileSpec) -> str:
+    """What to do about a bad copy of ``spec``: re-download only when that will happen."""
+    env_dirs = _data_dirs()
+    if env_dirs is not None:
+        where = os.pathsep.join(str(d) for d in env_dirs)
+        return (f"TPU_COURSE_DATA is set ({where}), so nothing is downloaded: replace the file "
+                f"with a good copy of {spec.name}, or unset TPU_COURSE_DATA to download it "
+                "into the cache.")
+    return (f"Delete it and run again to re-download it, or replace it with a good copy of "
+            f"{spec.name}.")
+
+
 def _parse_idx(raw: bytes) -> np.ndarray:
     """Parse IDX bytes (the MNIST format: magic, dims, big-endian data) into an array."""
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+    dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in dtypes:
         raise DataError("not an IDX file (bad magic number)")
-    dtype = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
-             0x0E: ">f8"}[raw[2]]
+    dtype = dtypes[raw[2]]
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataError(f"IDX header promises {ndim} dimensions but the file ends before them")
     dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
     data = np.frombuffer(raw, dtype=dtype, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
         raise DataError(f"IDX header says {dims} but the file holds {data.size} values")
     return data.reshape(dims)
+
+
+def _parse(path: pathlib.Path, raw: bytes) -> np.ndarray:
+    """:func:`_parse_idx`, its errors naming the file."""
+    try:
+        return _parse_idx(raw)
+    except DataError as err:
+        raise DataError(f"{path}: {err}") from None
 
 
 def _download(spec: FileSpec, mirrors: Iterable[str], target: pathlib.Path,
@@ -227,13 +260,23 @@ def _download(spec: FileSpec, mirrors: Iterable[str], target: pathlib.Path,
     )
 
 
-def _missing_error(dataset: str, files: Iterable[FileSpec], dirs: list[pathlib.Path]) -> DataError:
-    names = ", ".join(f.name for f in files)
+def _missing_error(dataset: str, files: Mapping[str, FileSpec], dirs: list[pathlib.Path],
+                   subset: Mapping[str, FileSpec] | None = None) -> DataError:
+    """Which sets of files are accepted, and where they were looked for."""
     where = ", ".join(str(d) for d in dirs) or "(none)"
+    names = lambda fs, keys: " + ".join(fs[k].name for k in keys)  # noqa: E731
+    train, test = ("train_images", "train_labels"), ("test_images", "test_labels")
+    wanted = f"the training set ({names(files, train)})"
+    if subset:
+        wanted = (f"a training set, either the full one ({names(files, train)}) or the "
+                  f"offline 10,000-image subset ({names(subset, train)})")
+    present = sorted(p.name for d in dirs if d.is_dir() for p in d.glob("*.gz"))
+    found = f" Found there: {', '.join(present)}." if present else " Those folders hold no .gz files."
     return MissingDataError(
-        f"{dataset}: could not find {names} together in one of: {where}. Put the IDX .gz "
-        "files in one folder and set TPU_COURSE_DATA to it, or unset TPU_COURSE_DATA to "
-        "download them into the cache."
+        f"{dataset}: no folder among {where} holds {wanted}, plus the test set "
+        f"({names(files, test)}), all in the same folder.{found} Put the IDX .gz files in one "
+        "folder and set TPU_COURSE_DATA to it, or unset TPU_COURSE_DATA to download them "
+        "into the cache."
     )
 
 
@@ -255,16 +298,17 @@ def _resolve(dataset: str, files: Mapping[str, FileSpec], mirrors: tuple[str, ..
         except DataError as err:
             bad = bad or err
             continue
-        return {key: _parse_idx(r) for key, r in raw.items()}, d
+        return {key: _parse(d / files[key].name, r) for key, r in raw.items()}, d
     if bad is not None:
         raise bad
     if not download:
-        raise _missing_error(dataset, files.values(), dirs)
+        raise _missing_error(dataset, files, dirs)
     cache = _cache_dir() / dataset
     for spec in files.values():
         if not (cache / spec.name).is_file():
             _download(spec, mirrors, cache / spec.name)
-    return {key: _parse_idx(verify(cache / spec.name, spec)) for key, spec in files.items()}, cache
+    return {key: _parse(cache / spec.name, verify(cache / spec.name, spec))
+            for key, spec in files.items()}, cache
 
 
 def _dataset(name: str, arrays: dict, train_set: str, classes: tuple[str, ...],
@@ -297,8 +341,7 @@ def load_mnist(download: bool = True) -> Dataset:
         except MissingDataError:
             if not isinstance(full_err, MissingDataError):
                 raise full_err from None  # the full set is there but corrupt: say so
-            raise _missing_error("mnist", [*MNIST_FILES.values(), *MNIST_SUBSET_FILES.values()],
-                                 env_dirs) from None
+            raise _missing_error("mnist", MNIST_FILES, env_dirs, MNIST_SUBSET_FILES) from None
     return _dataset("mnist", arrays, label, MNIST_CLASSES, where)
 
 

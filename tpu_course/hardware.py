@@ -31,6 +31,8 @@ import dataclasses
 import re
 from typing import Mapping
 
+from tpu_course import errors
+
 SOURCES: Mapping[str, str] = {
     "S1": "jax-ml/jax jax/_src/tpu_info.py (per-TensorCore table), "
     "https://docs.jax.dev/en/latest/pallas/tpu/hardware.html",
@@ -352,14 +354,34 @@ def get(name: str) -> Chip:
     >>> get("V6E").mxu_size
     256
     """
+    if not isinstance(name, str):
+        raise errors.CourseTypeError(f"chip name {name!r}: expected a string, one of "
+                                     f"{', '.join(CHIPS)}.")
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in CHIPS:
-        raise KeyError(
+        raise errors.CourseValueError(
             f"unknown chip {name!r}; the hardware table holds {', '.join(CHIPS)}. "
             "To map what JAX reports (jax.devices()[0].device_kind), use hardware.lookup()."
         )
     return CHIPS[key]
+
+
+def as_chip(chip: "Chip | str", name: str = "chip") -> Chip:
+    """``chip`` itself when it is a :class:`Chip`, its row when it is a table name.
+
+    The one place functions that take ``chip`` turn it into a row, so that a wrong kind
+    of value is refused with a message naming the argument.
+
+    >>> as_chip("v5e") is get("v5e") is as_chip(get("v5e"))
+    True
+    """
+    if isinstance(chip, Chip):
+        return chip
+    if isinstance(chip, str):
+        return get(chip)
+    raise errors.CourseTypeError(f"{name}={chip!r}: expected a hardware.Chip or a chip name "
+                                 f"({', '.join(CHIPS)}).")
 
 
 def _norm(s: str) -> str:
@@ -377,6 +399,8 @@ def lookup(device_kind: str) -> Chip | None:
     >>> lookup("NVIDIA A100-SXM4-40GB") is None
     True
     """
+    if not isinstance(device_kind, str):
+        return None
     want = _norm(device_kind)
     for chip in CHIPS.values():
         if any(_norm(k) == want for k in chip.device_kinds):
@@ -394,9 +418,11 @@ def critical_intensity(chip: Chip, dtype: str = "bf16") -> float:
     >>> round(critical_intensity(get("v6e")))
     560
     """
+    chip = as_chip(chip)
+    errors.check_choice("dtype", dtype, ("bf16", "fp32"))
     peak = chip.peak_bf16_flops_per_s if dtype == "bf16" else chip.peak_fp32_flops_per_s
     if peak is None:
-        raise ValueError(f"{chip.display_name} has no published {dtype} peak in the table")
+        raise errors.CourseValueError(f"{chip.display_name} has no published {dtype} peak in the table")
     return peak / chip.hbm_bytes_per_s
 
 
@@ -411,6 +437,10 @@ def table(chip_names: list[str] | None = None) -> str:
     """
     rows = [("chip", "bf16 TFLOP/s", "HBM GB", "HBM GB/s", "MXUs", "FLOP/byte"),
             ("----", "------------", "------", "--------", "----", "---------")]
+    if chip_names is not None and (not isinstance(chip_names, (list, tuple)) or not all(
+            isinstance(n, str) for n in chip_names)):
+        raise errors.CourseTypeError(f"chip_names={chip_names!r}: expected a list of chip names "
+                                     "such as ['v5e', 'h100'].")
     for name in chip_names or names():
         c = get(name)
         mxu = f"{c.mxu_count} x {c.mxu_size}" if c.mxu_count else "-"

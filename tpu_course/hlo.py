@@ -44,7 +44,7 @@ import re
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tpu_course import runtime
+from tpu_course import errors, runtime
 
 # --------------------------------------------------------------------------------------
 # Compile-only TPU topologies
@@ -70,11 +70,11 @@ _INSTALL_HINT = (
 )
 
 
-class TpuCompilerMissing(ImportError):
+class TpuCompilerMissing(errors.CourseError, ImportError):
     """The TPU compiler (``libtpu``, from the ``aot`` extra) is not installed."""
 
 
-class HloTraceError(TypeError):
+class HloTraceError(errors.CourseTypeError):
     """``fn`` could not be traced: a Python decision depended on an array's value."""
 
 
@@ -157,13 +157,16 @@ def tpu_topology(name: str) -> Any:
             verified ones).
         TpuCompilerMissing: libtpu is not installed (the message says how to get it).
     """
+    if not isinstance(name, str):
+        raise errors.CourseTypeError(f"topology {name!r}: expected a name such as 'v5e:2x2'; "
+                                     f"valid: {', '.join(valid_topologies())}.")
     key = name.strip().lower()
     if key in _TOPOLOGIES:
         return _TOPOLOGIES[key]
     match = _TOPOLOGY_RE.match(key)
     listing = ", ".join(valid_topologies())
     if not match or match.group("gen") not in VERIFIED_TOPOLOGIES:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"unknown TPU topology {name!r}: expected 'generation:shape' with a generation "
             f"in {sorted(VERIFIED_TOPOLOGIES)}; verified targets are {listing}."
         )
@@ -193,7 +196,7 @@ def tpu_topology(name: str) -> Any:
                 topo = topologies.get_topology_desc(
                     key, "tpu", chips_per_host_bounds=tuple(dims + [1] * (3 - len(dims))))
     except Exception as err:  # JaxRuntimeError: INVALID_ARGUMENT from libtpu
-        raise ValueError(
+        raise errors.CourseValueError(
             f"the TPU compiler rejected topology {name!r}: {str(err).splitlines()[0]}. "
             f"Verified targets: {listing}."
         ) from err
@@ -214,12 +217,12 @@ def tpu_mesh(name: str, axis_shape: Sequence[int] | None = None,
     devices = list(tpu_topology(name).devices)
     shape = tuple(axis_shape) if axis_shape is not None else (len(devices),)
     if math.prod(shape) != len(devices):
-        raise ValueError(
+        raise errors.CourseValueError(
             f"mesh shape {shape} holds {math.prod(shape)} devices but {name!r} has "
             f"{len(devices)}; pick a shape whose product is {len(devices)}."
         )
     if len(axis_names) != len(shape):
-        raise ValueError(f"{len(shape)} mesh axes need {len(shape)} names, got {axis_names!r}")
+        raise errors.CourseValueError(f"{len(shape)} mesh axes need {len(shape)} names, got {axis_names!r}")
     return Mesh(np.array(devices, dtype=object).reshape(shape), tuple(axis_names))
 
 
@@ -914,6 +917,12 @@ def inspect(fn: Callable, *args: Any, target: str | None = None, **kwargs: Any) 
     name = _fn_name(fn)
     if target is not None:
         topo = tpu_topology(target) if isinstance(target, str) else target
+        if isinstance(topo, (bool, int, float)) or not isinstance(
+                getattr(topo, "devices", None), (list, tuple)):
+            raise errors.CourseTypeError(
+                f"target={target!r}: expected None (this machine's default backend), a "
+                "compile-only TPU topology name such as 'v5e:2x2' (valid: "
+                f"{', '.join(valid_topologies())}), or a topology from tpu_topology().")
         devices = list(topo.devices)
         args, kwargs = _place_on((args, kwargs), devices[0], set(devices))
         devices = _arg_devices((args, kwargs)) or devices[:1]

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tpu_course import errors
+
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28)
 
@@ -51,7 +53,7 @@ def prepare_images(images: Any, dtype: Any = jnp.float32) -> jax.Array:
     if x.ndim == 3:
         x = x[..., None]
     if x.ndim != 4 or x.shape[1:3] != IMAGE_SHAPE:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"expected images of shape (N, 28, 28) or (N, 28, 28, 1), got {x.shape}; "
             "pass a batch of MNIST-sized images (add a leading batch axis for one image)"
         )
@@ -64,7 +66,7 @@ def _as_nhwc(x: jax.Array) -> jax.Array:
     if x.ndim == 3:
         x = x[..., None]
     if x.ndim != 4:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"expected a batch of images (N, 28, 28) or (N, 28, 28, 1), got shape {x.shape}"
         )
     return x
@@ -81,6 +83,17 @@ def _pool2(x: jax.Array) -> jax.Array:
     return x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
 
 
+def _widths(model: str, name: str, widths: Any, count: int | None = None) -> tuple[int, ...]:
+    """``widths`` as a tuple of positive layer widths, else a course error naming it."""
+    expected = f"{count} positive integers" if count else "a sequence of positive integers"
+    if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or (
+            count is not None and len(widths) != count):
+        raise errors.CourseTypeError(f"{model}.{name}={widths!r}: expected {expected}, "
+                                     f"e.g. {name}=(16, 32).")
+    return tuple(errors.check_int(f"{name}[{i}]", w, low=1, where=model)
+                 for i, w in enumerate(widths))
+
+
 class MLP(nnx.Module):
     """A multilayer perceptron: flatten, ``len(hidden)`` ReLU layers, a 10-way output.
 
@@ -94,6 +107,7 @@ class MLP(nnx.Module):
 
     def __init__(self, hidden: Sequence[int] = (256, 256), num_classes: int = NUM_CLASSES,
                  *, dtype: Any = None, rngs: nnx.Rngs):
+        hidden = _widths("MLP", "hidden", hidden)
         widths = [IMAGE_SHAPE[0] * IMAGE_SHAPE[1], *hidden]
         # Flax 0.12 wants a list of sub-modules wrapped in nnx.List; 0.11 has no nnx.List
         # and takes the plain list.
@@ -126,7 +140,8 @@ class CNN(nnx.Module):
 
     def __init__(self, features: tuple[int, int] = (16, 32), hidden: int = 128,
                  num_classes: int = NUM_CLASSES, *, dtype: Any = None, rngs: nnx.Rngs):
-        c1, c2 = features
+        c1, c2 = _widths("CNN", "features", features, count=2)
+        errors.check_int("hidden", hidden, low=1, where="CNN")
         self.conv1 = nnx.Conv(1, c1, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
         self.conv2 = nnx.Conv(c1, c2, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
         self.dense = nnx.Linear(7 * 7 * c2, hidden, dtype=dtype, rngs=rngs)
@@ -150,10 +165,9 @@ def create(name: str, seed: int = 0, **kwargs: Any) -> nnx.Module:
     >>> type(create("mlp")).__name__
     'MLP'
     """
-    try:
-        cls = MODELS[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}") from None
+    cls = MODELS.get(name.lower()) if isinstance(name, str) else None
+    if cls is None:
+        raise errors.CourseValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     return cls(rngs=nnx.Rngs(seed), **kwargs)
 
 
@@ -186,7 +200,7 @@ def forward_flops_per_image(model: nnx.Module) -> int:
     elif isinstance(model, MLP):
         layers = [*model.hidden, model.out]
     else:
-        raise TypeError(f"forward_flops_per_image knows CNN and MLP, got {type(model).__name__}")
+        raise errors.CourseTypeError(f"forward_flops_per_image knows CNN and MLP, got {type(model).__name__}")
     for layer in layers:
         a, b = layer.kernel.shape
         flops += 2 * a * b

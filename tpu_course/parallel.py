@@ -36,6 +36,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -43,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from tpu_course import errors
 
 STRATEGIES = ("dp", "fsdp", "tp")
 
@@ -72,18 +75,18 @@ def make_mesh(shape: Sequence[int], names: Sequence[str], devices: Sequence[Any]
     """
     shape, names = tuple(shape), tuple(names)
     if len(shape) != len(names):
-        raise ValueError(f"mesh shape {shape} and axis names {names} differ in length")
+        raise errors.CourseValueError(f"mesh shape {shape} and axis names {names} differ in length")
     kwargs = _axis_types(len(shape), explicit)
     n = int(np.prod(shape))
     if devices is None:
         have = jax.device_count()
         if n > have:
-            raise ValueError(f"a {shape} mesh needs {n} devices, JAX sees {have}. On a CPU call "
-                             "tpu_course.runtime.simulate_devices(8) before JAX starts.")
+            raise errors.CourseValueError(f"a {shape} mesh needs {n} devices, JAX sees {have}. On a CPU call "
+                                          "tpu_course.runtime.simulate_devices(8) before JAX starts.")
         return jax.make_mesh(shape, names, **kwargs)
     devices = list(devices)
     if n > len(devices):
-        raise ValueError(f"a {shape} mesh needs {n} devices, {len(devices)} were given")
+        raise errors.CourseValueError(f"a {shape} mesh needs {n} devices, {len(devices)} were given")
     return Mesh(np.asarray(devices[:n], dtype=object).reshape(shape), names, **kwargs)
 
 
@@ -136,7 +139,7 @@ def param_specs(strategy: str, params: Any, axis: str = "data", axis_size: int |
       count of 2D kernels is odd (its width is usually the 10 classes).
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     n = axis_size or 1
     if strategy == "dp":
@@ -245,7 +248,7 @@ def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
         put = (lambda b: jax.device_put(b, dev)) if dev is not None else (lambda b: b)  # noqa: E731
     else:
         if mesh is None:
-            raise ValueError("a sharded run needs a mesh")
+            raise errors.CourseValueError("a sharded run needs a mesh")
         fn, s_state, s_batch = make_sharded_train_step(step, strategy, state, mesh)
         state = jax.device_put(state, s_state)
         put = lambda b: jax.device_put(b, s_batch)  # noqa: E731
@@ -289,7 +292,7 @@ def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
         return {"w1": P(axis), "w2": P(axis)}, P(axis)
     if strategy == "tp":
         return {"w1": P(None, axis), "w2": P(axis, None)}, P()
-    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
 def _shard_map(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
@@ -495,15 +498,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class LaunchError(errors.CourseError, RuntimeError):
+    """A multi-process run failed: a rank exited with an error, or the run overran.
+
+    ``rank`` is the first rank that failed (``None`` when the run timed out),
+    ``exit_code`` its exit code, ``stderr_tail`` the last lines it wrote to stderr, and
+    ``pids`` the process ids of every rank (all of them ended when this is raised).
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, exit_code: int | None = None,
+                 stderr_tail: str = "", pids: Sequence[int] = ()):
+        super().__init__(message)
+        self.rank, self.exit_code, self.stderr_tail, self.pids = rank, exit_code, stderr_tail, tuple(pids)
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 3.0) -> None:
+    """End every process still running: SIGTERM, then SIGKILL after ``grace_s``."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def launch_local(num_processes: int = 2, local_devices: int = 2, steps: int = 5,
                  timeout_s: float = 120.0, extra_args: Sequence[str] = ()) -> list[dict]:
     """Run the multi-process worker as ``num_processes`` processes on 127.0.0.1.
 
     Each process is ``python -m tpu_course.parallel --process-id i ...`` with
     ``local_devices`` CPU devices, joined by ``jax.distributed.initialize`` through a
-    coordinator on a free port, with gloo CPU collectives. Returns each process's JSON
-    result. If any process fails or the run exceeds ``timeout_s``, every process is
-    killed and ``RuntimeError`` says which rank did what (a hung rank fails, never hangs).
+    coordinator on a free port, with gloo CPU collectives. The ranks inherit this
+    process's environment (``PYTHONPATH`` included, with this copy of ``tpu_course``
+    first). Returns each process's JSON result.
+
+    Every rank is watched: as soon as one exits with an error, the others are stopped
+    (within a few seconds) and :class:`LaunchError` names the rank, its exit code and the
+    last lines of its stderr. A rank that hangs ends the run at ``timeout_s``; every
+    process is stopped before the error is raised, so nothing is left running.
 
     On a TPU pod slice the same worker runs once per host, started on all hosts at once::
 
@@ -513,40 +553,70 @@ def launch_local(num_processes: int = 2, local_devices: int = 2, steps: int = 5,
     (there ``jax.distributed.initialize()`` needs no arguments: it reads the slice's
     metadata).
     """
+    num_processes = errors.check_int("num_processes", num_processes, low=1)
+    local_devices = errors.check_int("local_devices", local_devices, low=1)
+    steps = errors.check_int("steps", steps, low=1)
+    timeout_s = errors.check_number("timeout_s", timeout_s, low=0, low_open=True)
     port = free_port()
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
     env["JAX_PLATFORMS"] = "cpu"
-    procs = []
-    for i in range(num_processes):
-        cmd = [sys.executable, "-m", "tpu_course.parallel", "--coordinator", f"127.0.0.1:{port}",
-               "--num-processes", str(num_processes), "--process-id", str(i),
-               "--steps", str(steps), *extra_args]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env))
-    deadline = time.monotonic() + timeout_s
-    outs: list[tuple[str, str]] = [("", "")] * num_processes
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    procs: list[subprocess.Popen] = []
+    files = []
     try:
-        for i, proc in enumerate(procs):
-            left = max(deadline - time.monotonic(), 0.1)
-            outs[i] = proc.communicate(timeout=left)
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        raise RuntimeError(f"multi-process run exceeded {timeout_s:.0f} s; all {num_processes} "
-                           "processes killed (a rank hung: check the coordinator port and "
-                           "that every rank started)") from None
+        for i in range(num_processes):
+            cmd = [sys.executable, "-m", "tpu_course.parallel", "--coordinator",
+                   f"127.0.0.1:{port}", "--num-processes", str(num_processes),
+                   "--process-id", str(i), "--steps", str(steps), *extra_args]
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            files.append((out, err))
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env))
+        deadline = time.monotonic() + timeout_s
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is None and time.monotonic() > deadline:
+                hung = [i for i, p in enumerate(procs) if p.poll() is None]
+                _stop(procs)
+                raise LaunchError(
+                    f"multi-process run exceeded {timeout_s:g} s: rank(s) {hung} still running "
+                    f"(hung), so all {num_processes} processes were killed. Check that every "
+                    "rank started and can reach the coordinator port.",
+                    pids=[p.pid for p in procs])
+            time.sleep(0.05)
+        if failed is None:  # all ended: any failure is among them
+            failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+        _stop(procs)
+        texts = []
+        for out, err in files:
+            out.seek(0), err.seek(0)
+            texts.append((out.read(), err.read()))
+        if failed is not None:
+            code = procs[failed].returncode
+            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+            tail = _tail(texts[failed][1])
+            others = [i for i in range(num_processes) if i != failed]
+            raise LaunchError(
+                f"rank {failed} of {num_processes} failed with {how}; the other rank(s) "
+                f"{others} were stopped. Last lines of its stderr:\n{tail or '(nothing)'}",
+                rank=failed, exit_code=code, stderr_tail=tail, pids=[p.pid for p in procs])
+        results = []
+        for i, (out, err) in enumerate(texts):
+            lines = out.strip().splitlines()
+            try:
+                results.append(json.loads(lines[-1]))
+            except (IndexError, ValueError):
+                raise LaunchError(f"rank {i} exited cleanly but printed no JSON result; its "
+                                  f"stderr ends:\n{_tail(err) or '(nothing)'}", rank=i,
+                                  exit_code=0, stderr_tail=_tail(err),
+                                  pids=[p.pid for p in procs]) from None
+        return results
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-    results = []
-    for i, (proc, (out, err)) in enumerate(zip(procs, outs)):
-        if proc.returncode != 0:
-            raise RuntimeError(f"process {i} exited with {proc.returncode}:\n{err[-3000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+        _stop(procs)
+        for out, err in files:
+            out.close(), err.close()
 
 
 def multihost_problem(seed: int = 0, batch: int = 32, d_model: int = 16, d_ff: int = 64,

@@ -31,7 +31,7 @@ import dataclasses
 import html
 from typing import Any, Iterable, Sequence
 
-from tpu_course import hardware
+from tpu_course import errors, hardware
 
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
@@ -40,8 +40,8 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     >>> arithmetic_intensity(2e9, 1e9)
     2.0
     """
-    if bytes_moved <= 0:
-        raise ValueError(f"bytes_moved must be positive, got {bytes_moved!r}")
+    flops = errors.check_number("flops", flops, low=0)
+    bytes_moved = errors.check_number("bytes_moved", bytes_moved, low=0, low_open=True)
     return flops / bytes_moved
 
 
@@ -52,6 +52,7 @@ def matmul_flops(m: int, k: int, n: int) -> int:
     >>> matmul_flops(2, 3, 4)
     48
     """
+    m, k, n = (errors.check_int(name, v, low=1) for name, v in (("m", m), ("k", k), ("n", n)))
     return 2 * m * k * n
 
 
@@ -62,6 +63,8 @@ def matmul_bytes(m: int, k: int, n: int, bytes_per_element: float = 2) -> float:
     >>> matmul_bytes(2, 3, 4, bytes_per_element=4)
     104
     """
+    m, k, n = (errors.check_int(name, v, low=1) for name, v in (("m", m), ("k", k), ("n", n)))
+    errors.check_number("bytes_per_element", bytes_per_element, low=0, low_open=True)
     return (m * k + k * n + m * n) * bytes_per_element
 
 
@@ -78,13 +81,22 @@ def elementwise_intensity(flops_per_element: float = 1, inputs: int = 1, outputs
     >>> round(elementwise_intensity(1, inputs=2), 4)
     0.0833
     """
+    errors.check_number("flops_per_element", flops_per_element, low=0)
+    errors.check_int("inputs", inputs, low=0)
+    errors.check_int("outputs", outputs, low=0)
+    errors.check_number("bytes_per_element", bytes_per_element, low=0, low_open=True)
+    if inputs + outputs == 0:
+        raise errors.CourseValueError("inputs=0 and outputs=0: an elementwise op moves at "
+                                      "least one array; give inputs >= 1 or outputs >= 1.")
     return flops_per_element / ((inputs + outputs) * bytes_per_element)
 
 
-def _peak(chip: hardware.Chip, dtype: str) -> float:
+def _peak(chip: hardware.Chip | str, dtype: str) -> float:
+    chip = hardware.as_chip(chip)
+    errors.check_choice("dtype", dtype, ("bf16", "fp32"))
     peak = chip.peak_bf16_flops_per_s if dtype == "bf16" else chip.peak_fp32_flops_per_s
     if peak is None:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"{chip.display_name} has no published {dtype} peak in tpu_course.hardware; "
             "use dtype='bf16' (TPUs run fp32 matmuls as several bf16 passes)."
         )
@@ -94,7 +106,7 @@ def _peak(chip: hardware.Chip, dtype: str) -> float:
 def ridge_point(chip: hardware.Chip, dtype: str = "bf16") -> float:
     """The intensity where the memory roof meets the compute roof: peak / bandwidth
     (FLOP per byte). Same as :func:`tpu_course.hardware.critical_intensity`."""
-    return _peak(chip, dtype) / chip.hbm_bytes_per_s
+    return _peak(chip, dtype) / hardware.as_chip(chip).hbm_bytes_per_s
 
 
 def attainable_flops_per_s(intensity: float, chip: hardware.Chip, dtype: str = "bf16") -> float:
@@ -106,13 +118,14 @@ def attainable_flops_per_s(intensity: float, chip: hardware.Chip, dtype: str = "
     >>> attainable_flops_per_s(1000, v5e) / 1e12  # compute-bound: the peak
     197.0
     """
-    if intensity < 0:
-        raise ValueError(f"intensity must be >= 0, got {intensity!r}")
-    return min(_peak(chip, dtype), intensity * chip.hbm_bytes_per_s)
+    intensity = errors.check_number("intensity", intensity, low=0)
+    peak = _peak(chip, dtype)
+    return min(peak, intensity * hardware.as_chip(chip).hbm_bytes_per_s)
 
 
 def bound(intensity: float, chip: hardware.Chip, dtype: str = "bf16") -> str:
     """``'memory'`` below the ridge point, ``'compute'`` at or above it."""
+    intensity = errors.check_number("intensity", intensity, low=0)
     return "memory" if intensity < ridge_point(chip, dtype) else "compute"
 
 
@@ -143,6 +156,7 @@ class Estimate:
 def estimate(flops: float, bytes_moved: float, chip: hardware.Chip, dtype: str = "bf16") -> Estimate:
     """Place a kernel of ``flops`` and ``bytes_moved`` on ``chip``'s roofline."""
     peak = _peak(chip, dtype)
+    chip = hardware.as_chip(chip)
     ai = arithmetic_intensity(flops, bytes_moved)
     compute_s, memory_s = flops / peak, bytes_moved / chip.hbm_bytes_per_s
     return Estimate(chip.name, flops, bytes_moved, ai, ridge_point(chip, dtype),

@@ -15,52 +15,143 @@ import contextlib
 import dataclasses
 import os
 import re
+import subprocess
 import sys
-import tempfile
 from typing import Any, Iterator
 
-from tpu_course import hardware
+from tpu_course import errors, hardware
 
 _FLAG = "--xla_force_host_platform_device_count"
 TPU_LOCKFILE = "/tmp/libtpu_lockfile"
 
 
 # What libtpu prints (straight to file descriptor 2) when it is installed on a machine
-# without a TPU: harmless, but it would land in every notebook's first output.
+# without a TPU: harmless, but it would land in every notebook's first output. Why it
+# happens: with JAX_PLATFORMS unset, JAX tries every backend it has, and the `aot` extra's
+# libtpu registers a TPU one; libtpu then reads the TPU VM's metadata, finds none and logs
+# these lines before JAX falls back to the CPU. JAX_PLATFORMS=cpu skips that attempt.
 _LIBTPU_NOISE = re.compile(
     r"could not determine TPU|Logging before InitGoogle|unexpected worker hostname|"
     r"Source Location Trace|tfrc/runtime|Failed to find host bounds|TPU_WORKER_HOSTNAMES"
 )
 
+# The filter runs in a separate process so that it outlives this one: when XLA aborts
+# (an unknown flag in XLA_FLAGS, a failed check), the filter still sees the end of the
+# pipe and writes everything it held back, known noise included. A clean exit of the
+# `with` block sends the marker line instead, and only then is the noise dropped.
+_FILTER = r"""
+import os, re, sys
+noise, marker = re.compile(sys.argv[1]), sys.argv[2].encode()
+held, out = [], sys.stdout.buffer
+for line in sys.stdin.buffer:
+    if line.rstrip(b"\n") == marker:
+        sys.exit(0)
+    if noise.search(line.decode(errors="replace")):
+        held.append(line)
+    else:
+        out.write(line); out.flush()
+out.write(b"".join(held)); out.flush()
+"""
+
+
+def _libtpu_may_log() -> bool:
+    """Whether starting a backend here can make libtpu print: it is installed, and
+    JAX_PLATFORMS does not exclude the TPU backend."""
+    import importlib.util
+
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms and "tpu" not in platforms.split(","):
+        return False
+    return importlib.util.find_spec("libtpu") is not None
+
 
 @contextlib.contextmanager
 def quiet_libtpu() -> Iterator[None]:
-    """Drop libtpu's start-up warnings on machines without a TPU; pass all else through.
+    """Drop libtpu's known start-up warnings on machines without a TPU; pass all else through.
 
     libtpu (the ``jax[tpu]`` extra, needed for compile-only TPU targets) looks for TPU
     metadata when JAX starts or a TPU topology is built, and writes warnings to file
-    descriptor 2 when there is none. This captures that descriptor for the duration,
-    then re-emits every line that is not one of those known warnings.
+    descriptor 2 when there is none. While the block runs, descriptor 2 goes through a
+    small filter process: every other line reaches stderr as it comes; the known
+    warnings are dropped only when the block ends normally. If the process dies inside
+    the block (XLA aborts on an unknown flag in ``XLA_FLAGS``), the filter writes
+    everything, so the reason is never lost. Without libtpu (or with ``JAX_PLATFORMS``
+    excluding the TPU) nothing is captured at all.
     """
+    if not _libtpu_may_log():
+        yield
+        return
     fd = 2  # where C libraries write; ipykernel's sys.stderr.fileno() may be a copy
     sys.stderr.flush()
     saved = os.dup(fd)
-    with tempfile.TemporaryFile(mode="w+b") as capture:
-        os.dup2(capture.fileno(), fd)
+    marker = f"--tpu-course-quiet-libtpu-end-{os.getpid()}-{id(saved)}--"
+    read_end, write_end = os.pipe()
+    try:
+        filt = subprocess.Popen([sys.executable, "-I", "-S", "-c", _FILTER,
+                                 _LIBTPU_NOISE.pattern, marker],
+                                stdin=read_end, stdout=saved, close_fds=True)
+    except OSError:  # no way to start the filter: capture nothing rather than fail
+        os.close(read_end), os.close(write_end), os.close(saved)
+        yield
+        return
+    os.close(read_end)
+    os.dup2(write_end, fd)
+    os.close(write_end)
+    try:
+        yield
+        sys.stderr.flush()
+        os.write(fd, f"\n{marker}\n".encode())
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, fd)  # closes the pipe's last write end here: the filter sees EOF
+        os.close(saved)
         try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, fd)
-            os.close(saved)
-            capture.seek(0)
-            text = capture.read().decode(errors="replace")
-    kept = [line for line in text.splitlines() if line.strip() and not _LIBTPU_NOISE.search(line)]
-    if kept:
-        print("\n".join(kept), file=sys.stderr)
+            filt.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            filt.kill()
 
 
-class TooLateError(RuntimeError):
+class XlaFlagsError(errors.CourseValueError):
+    """``XLA_FLAGS`` holds something XLA refuses (it would abort the process)."""
+
+
+_CHECKED_FLAGS: set[str] = set()
+
+
+def check_xla_flags() -> None:
+    """Refuse ``XLA_FLAGS`` that would make XLA abort the process, before it does.
+
+    XLA stops the whole process (a notebook kernel dies with no message) when
+    ``XLA_FLAGS`` names a flag it does not know. When ``XLA_FLAGS`` holds anything
+    besides the device-count flag the course sets itself, a throw-away CPU-only Python
+    starts XLA with the same flags first (about a second, once per value); if that
+    process fails, this raises :class:`XlaFlagsError` with what XLA said and the fix.
+    """
+    value = os.environ.get("XLA_FLAGS", "")
+    others = [f for f in value.split() if not f.startswith(_FLAG + "=")]
+    if not others or value in _CHECKED_FLAGS:
+        return
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"],
+                              env=env, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return  # cannot tell: let JAX start and speak for itself
+    if proc.returncode == 0:
+        _CHECKED_FLAGS.add(value)
+        return
+    said = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
+    raise XlaFlagsError(
+        f"XLA_FLAGS={value!r} stops XLA from starting (the process would be killed):\n  "
+        + "\n  ".join(said)
+        + "\nRemove the flag it names: in a shell, fix or `unset XLA_FLAGS` before starting "
+        "Python or Jupyter; in a notebook, `os.environ.pop('XLA_FLAGS')` before anything "
+        "starts JAX. Flags differ between jaxlib versions; `python -m tpu_course doctor` "
+        "shows the versions here."
+    )
+
+
+class TooLateError(errors.CourseError, RuntimeError):
     """Raised when a setting that must precede JAX's backend start comes too late."""
 
 
@@ -180,6 +271,8 @@ def describe() -> Runtime:
     """Describe the runtime JAX sees. Starts JAX's backend if it has not started yet."""
     import jax
 
+    if not _backends_started():
+        check_xla_flags()
     with quiet_libtpu():
         devices = jax.devices()
     first = devices[0]

@@ -97,6 +97,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tpu_course import errors
+
 DATAFLOWS = ("ws", "os", "is")
 TIMINGS = ("tpu", "scalesim")
 _DATAFLOW_NAMES = {"ws": "weight-stationary", "os": "output-stationary", "is": "input-stationary"}
@@ -253,10 +255,23 @@ class SystolicRun:
 # --------------------------------------------------------------------------------------
 
 
+def _positive_int_error(v: Any) -> type[errors.CourseError]:
+    """The error class for a value that is not a positive integer: type or value."""
+    wrong_type = isinstance(v, bool) or not isinstance(v, (int, np.integer))
+    return errors.CourseTypeError if wrong_type else errors.CourseValueError
+
+
+def _check_sizes(**sizes: Any) -> None:
+    """The matmul's extents M, K, N: positive integers."""
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise _positive_int_error(v)(f"{name} must be a positive integer, got {v!r}")
+
+
 def _check_array_size(rows: Any, cols: Any) -> None:
     for name, v in (("rows", rows), ("cols", cols)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(
+            raise _positive_int_error(v)(
                 f"{name} must be a positive integer (the array's {name}), got {v!r}; "
                 "for example rows=4, cols=4 for a toy array or 128, 128 for a TPU v5e MXU"
             )
@@ -264,13 +279,13 @@ def _check_array_size(rows: Any, cols: Any) -> None:
 
 def _check_dataflow(dataflow: Any, timing: Any) -> None:
     if dataflow not in DATAFLOWS:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"unknown dataflow {dataflow!r}; expected one of {DATAFLOWS}: 'ws' "
             "(weight-stationary, the TPU MXU), 'os' (output-stationary) or 'is' "
             "(input-stationary)"
         )
     if timing not in TIMINGS:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"unknown timing {timing!r}; expected 'tpu' (double-buffered weights, "
             "in-place accumulation) or 'scalesim' (SCALE-Sim 3.0.0's conventions)"
         )
@@ -281,17 +296,17 @@ def _check_operands(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
     b = np.asarray(b)
     for name, x in (("a", a), ("b", b)):
         if x.ndim != 2:
-            raise ValueError(
+            raise errors.CourseValueError(
                 f"{name} must be a 2-D matrix, got an array of shape {x.shape} "
                 f"({x.ndim}-D); reshape it (e.g. x.reshape(1, -1) for a vector) or "
                 "multiply batches one matrix at a time"
             )
         if x.size == 0:
-            raise ValueError(f"{name} is empty (shape {x.shape}); every dimension must be >= 1")
+            raise errors.CourseValueError(f"{name} is empty (shape {x.shape}); every dimension must be >= 1")
         if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
-            raise ValueError(f"{name} must hold numbers, got dtype {x.dtype}")
+            raise errors.CourseValueError(f"{name} must hold numbers, got dtype {x.dtype}")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(
+        raise errors.CourseValueError(
             f"inner dimensions do not match: a is {a.shape[0]}x{a.shape[1]} and b is "
             f"{b.shape[0]}x{b.shape[1]}; a @ b needs a.shape[1] == b.shape[0] "
             f"(got {a.shape[1]} and {b.shape[0]}). Did you mean b.T?"
@@ -329,6 +344,7 @@ def fold_count(M: int, K: int, N: int, rows: int, cols: int, dataflow: str = "ws
     """
     _check_dataflow(dataflow, "tpu")
     _check_array_size(rows, cols)
+    _check_sizes(M=M, K=K, N=N)
     d_r, d_c, _ = _dims(dataflow, M, K, N)
     return math.ceil(d_r / rows) * math.ceil(d_c / cols)
 
@@ -374,9 +390,7 @@ def cycle_count(M: int, K: int, N: int, rows: int, cols: int, dataflow: str = "w
     """
     _check_dataflow(dataflow, timing)
     _check_array_size(rows, cols)
-    for name, v in (("M", M), ("K", K), ("N", N)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    _check_sizes(M=M, K=K, N=N)
     r, c = int(rows), int(cols)
     f = fold_count(M, K, N, r, c, dataflow)
     t = _dims(dataflow, M, K, N)[2]
@@ -395,7 +409,8 @@ def utilization(M: int, K: int, N: int, rows: int, cols: int, dataflow: str = "w
     >>> round(utilization(100, 100, 100, 128, 128), 3), round(utilization(10_000, 10_000, 10_000, 128, 128), 3)
     (0.127, 0.978)
     """
-    return M * K * N / (rows * cols * max(1, cycle_count(M, K, N, rows, cols, dataflow, timing)))
+    cycles = cycle_count(M, K, N, rows, cols, dataflow, timing)  # checks every argument
+    return M * K * N / (rows * cols * max(1, cycles))
 
 
 # --------------------------------------------------------------------------------------
@@ -433,7 +448,7 @@ def simulate(a: Any, b: Any, rows: int = 4, cols: int = 4, dataflow: str = "ws",
     n = b.shape[1]
     acc = _acc_dtype(a, b)
     if trace and rows * cols * cycle_count(m, k, n, rows, cols, dataflow, timing) > 20_000_000:
-        raise ValueError(
+        raise errors.CourseValueError(
             "trace=True records every register in every cycle; this run would store "
             f"{rows * cols * cycle_count(m, k, n, rows, cols, dataflow, timing):,} cell-cycles. "
             "Use a small array and small matrices for traces (e.g. 4x4), or trace=False."
@@ -1217,7 +1232,9 @@ def memory_accesses_per_mac(n: int, machine: str, *, tile: int = 16, rows: int =
     0.0166
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer (the matmul size), got {n!r}")
+        raise _positive_int_error(n)(f"n must be a positive integer (the matmul size), got {n!r}")
+    errors.check_int("tile", tile, low=1)
+    _check_array_size(rows, cols)
     macs = n ** 3
     if machine == "cpu":
         return AccessModel("cpu", n, 3.0 * macs, 1.0 * macs, macs)
@@ -1226,4 +1243,4 @@ def memory_accesses_per_mac(n: int, machine: str, *, tile: int = 16, rows: int =
     if machine == "systolic":
         reads = n * n + n * n * math.ceil(n / cols)
         return AccessModel("systolic", n, float(reads), float(n * n * math.ceil(n / rows)), macs)
-    raise ValueError(f"unknown machine {machine!r}; expected 'cpu', 'gpu' or 'systolic'")
+    raise errors.CourseValueError(f"unknown machine {machine!r}; expected 'cpu', 'gpu' or 'systolic'")

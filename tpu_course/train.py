@@ -82,7 +82,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from tpu_course import models, runtime
+from tpu_course import errors, models, runtime
 
 # --------------------------------------------------------------------------- state
 
@@ -122,7 +122,7 @@ def init_state(model: nnx.Module, tx: optax.GradientTransformation) -> tuple[Any
     """
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     if jax.tree.leaves(rest):
-        raise ValueError(
+        raise errors.CourseValueError(
             f"{type(model).__name__} holds non-parameter state ({rest}); this train step "
             "updates nnx.Param variables only. Use a model without BatchNorm/Dropout state "
             "(tpu_course.models.CNN or MLP)."
@@ -231,14 +231,14 @@ def epoch_indices(n: int, batch_size: int, *, seed: int = 0, epoch: int = 0,
     the last one filled with index 0 at weight 0.
     """
     if batch_size < 1 or n < 1:
-        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
+        raise errors.CourseValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     if last_batch == "drop":
         steps = n // batch_size
         if steps == 0:
-            raise ValueError(f"batch_size={batch_size} is larger than the {n} examples: with "
-                             "last_batch='drop' there is no full batch; use a smaller batch "
-                             "or last_batch='pad'")
+            raise errors.CourseValueError(f"batch_size={batch_size} is larger than the {n} examples: with "
+                                          "last_batch='drop' there is no full batch; use a smaller batch "
+                                          "or last_batch='pad'")
         idx = order[: steps * batch_size]
         weights = np.ones(idx.shape, np.float32)
     elif last_batch == "pad":
@@ -248,7 +248,7 @@ def epoch_indices(n: int, batch_size: int, *, seed: int = 0, epoch: int = 0,
         weights = np.zeros(idx.shape, np.float32)
         weights[:n] = 1.0
     else:
-        raise ValueError(f"last_batch must be 'drop' or 'pad', got {last_batch!r}")
+        raise errors.CourseValueError(f"last_batch must be 'drop' or 'pad', got {last_batch!r}")
     return idx.reshape(steps, batch_size), weights.reshape(steps, batch_size)
 
 
@@ -259,7 +259,7 @@ def batches(images: np.ndarray, labels: np.ndarray, batch_size: int, *, seed: in
     See :func:`epoch_indices` for the order and the handling of the last partial batch.
     """
     if len(images) != len(labels):
-        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        raise errors.CourseValueError(f"{len(images)} images but {len(labels)} labels")
     idx, weights = epoch_indices(len(images), batch_size, seed=seed, epoch=epoch,
                                  shuffle=shuffle, last_batch=last_batch)
     for i, w in zip(idx, weights):
@@ -279,7 +279,7 @@ def prefetch_to_device(iterator: Iterable[Any], depth: int = 2,
     the default device.
     """
     if depth < 0:
-        raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+        raise errors.CourseValueError(f"prefetch depth must be >= 0, got {depth}")
     queue: collections.deque = collections.deque()
     for item in iterator:
         queue.append(jax.device_put(item, device))
@@ -299,7 +299,7 @@ def device_epoch_indices(key: jax.Array, n: int, batch_size: int,
     if last_batch == "drop":
         steps = n // batch_size
         if steps == 0:
-            raise ValueError(f"batch_size={batch_size} > {n} examples with last_batch='drop'")
+            raise errors.CourseValueError(f"batch_size={batch_size} > {n} examples with last_batch='drop'")
         idx = order[: steps * batch_size]
         weights = jnp.ones(idx.shape, jnp.float32)
     elif last_batch == "pad":
@@ -308,7 +308,7 @@ def device_epoch_indices(key: jax.Array, n: int, batch_size: int,
         idx = jnp.concatenate([order, jnp.zeros(pad, order.dtype)])
         weights = jnp.concatenate([jnp.ones(n, jnp.float32), jnp.zeros(pad, jnp.float32)])
     else:
-        raise ValueError(f"last_batch must be 'drop' or 'pad', got {last_batch!r}")
+        raise errors.CourseValueError(f"last_batch must be 'drop' or 'pad', got {last_batch!r}")
     return idx.reshape(steps, batch_size), weights.reshape(steps, batch_size)
 
 
@@ -398,7 +398,7 @@ def time_steps(run_step: Callable, state: TrainState, batch_iter: Iterable[Batch
     jax.block_until_ready(state)
     elapsed = time.perf_counter() - t
     if steps == 0:
-        raise ValueError(f"batch_iter gave no batches after the {warmup} warm-up steps")
+        raise errors.CourseValueError(f"batch_iter gave no batches after the {warmup} warm-up steps")
     return state, StepTiming(steps, elapsed / steps, images / elapsed)
 
 
@@ -480,7 +480,8 @@ class TrainConfig:
         eval_batch_size: examples per evaluation batch (the test set is padded to it).
         log_every: record the mean training loss and accuracy every this many steps.
         max_train_examples: train on the first this many examples only (None: all).
-        stop_at_accuracy: stop after the first epoch whose test accuracy reaches it.
+        stop_at_accuracy: stop after the first epoch whose test accuracy reaches it (a
+            fraction in [0, 1]; 0 stops after the first epoch).
         progress: show a tqdm progress bar.
     """
 
@@ -505,16 +506,31 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        """Check every field, so that nonsense is refused here and not trained on."""
+        where = "TrainConfig"
         choices = {"dataset": ("mnist", "fashion_mnist"), "model": tuple(models.MODELS),
                    "pipeline": ("device", "prefetch"), "last_batch": ("drop", "pad"),
                    "compute_dtype": ("float32", "bfloat16")}
         for field, allowed in choices.items():
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"TrainConfig.{field}={getattr(self, field)!r}; expected one "
-                                 f"of {allowed}")
-        for field in ("epochs", "batch_size", "eval_batch_size", "log_every"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"TrainConfig.{field} must be >= 1, got {getattr(self, field)}")
+            errors.check_choice(field, getattr(self, field), allowed, where=where)
+        for field in ("hidden", "epochs", "batch_size", "eval_batch_size", "log_every"):
+            errors.check_int(field, getattr(self, field), low=1, where=where)
+        for field in ("warmup_steps", "seed", "prefetch"):
+            errors.check_int(field, getattr(self, field), low=0, where=where)
+        models._widths(where, "features", self.features, count=2)
+        # Adam's step is about lr per update: above 1 it only ever diverges on this model.
+        errors.check_number("learning_rate", self.learning_rate, low=0, high=1, low_open=True,
+                            where=where)
+        if self.max_train_examples is not None:
+            errors.check_int("max_train_examples", self.max_train_examples, low=1, where=where)
+        if self.stop_at_accuracy is not None:
+            # 0 is allowed: it stops after the first epoch (a way to interrupt a run).
+            errors.check_number("stop_at_accuracy", self.stop_at_accuracy, low=0, high=1,
+                                where=where)
+        for field in ("donate", "progress"):
+            if not isinstance(getattr(self, field), bool):
+                raise errors.CourseTypeError(f"{where}.{field}={getattr(self, field)!r}: "
+                                             "expected True or False.")
 
     @classmethod
     def quick(cls, **overrides: Any) -> "TrainConfig":
@@ -706,14 +722,14 @@ def restore_checkpoint(path: str | os.PathLike, like: TrainState) -> tuple[Train
         if saved_keys != keys:
             diff = next((f"{a} vs {b}" for a, b in zip(saved_keys, keys) if a != b),
                         f"{len(saved_keys)} leaves vs {len(keys)}")
-            raise ValueError(f"checkpoint {path} does not match this model/optimizer: {diff}. "
-                             "Restore into the state of the same model and optimizer.")
+            raise errors.CourseValueError(f"checkpoint {path} does not match this model/optimizer: {diff}. "
+                                          "Restore into the state of the same model and optimizer.")
         out = []
         for i, ref in enumerate(leaves):
             arr = f[f"{i:05d}"]
             if arr.shape != np.shape(ref) or arr.dtype != np.asarray(ref).dtype:
-                raise ValueError(f"checkpoint leaf {keys[i]} has {arr.shape} {arr.dtype}, "
-                                 f"expected {np.shape(ref)} {np.asarray(ref).dtype}")
+                raise errors.CourseValueError(f"checkpoint leaf {keys[i]} has {arr.shape} {arr.dtype}, "
+                                              f"expected {np.shape(ref)} {np.asarray(ref).dtype}")
             sharding = getattr(ref, "sharding", None)
             out.append(jax.device_put(arr, sharding) if sharding is not None else jnp.asarray(arr))
         metadata = json.loads(str(f["__metadata__"]))
@@ -772,7 +788,7 @@ def fit(config: TrainConfig = TrainConfig(), *, data: Any = None,
     n, bs = len(train_x), config.batch_size
     steps_per_epoch = n // bs if config.last_batch == "drop" else -(-n // bs)
     if steps_per_epoch == 0:
-        raise ValueError(f"batch_size={bs} exceeds the {n} training examples; lower it")
+        raise errors.CourseValueError(f"batch_size={bs} exceeds the {n} training examples; lower it")
 
     kwargs = {"features": tuple(config.features), "hidden": config.hidden} if config.model == "cnn" else {}
     model = models.create(config.model, seed=config.seed, **kwargs)

@@ -15,13 +15,15 @@ touches JAX.
 
 from __future__ import annotations
 
+import html
+import io
 import math
 import pathlib
 from typing import Any, Sequence
 
 import numpy as np
 
-from tpu_course import systolic
+from tpu_course import errors, systolic
 
 _NAMES = {  # what the three arrays of a Frame mean, per dataflow
     "ws": ("weight", "activation", "partial sum"),
@@ -67,8 +69,8 @@ def key_cycles(run: systolic.SystolicRun, count: int = 8) -> list[int]:
 
 def _frames(run: systolic.SystolicRun) -> tuple[systolic.Frame, ...]:
     if not run.trace:
-        raise ValueError("this run has no trace: call simulate(..., trace=True) on a small "
-                         "array (e.g. rows=4, cols=4) to get one frame per cycle")
+        raise errors.CourseValueError("this run has no trace: call simulate(..., trace=True) on a small "
+                                      "array (e.g. rows=4, cols=4) to get one frame per cycle")
     return run.trace
 
 
@@ -182,15 +184,87 @@ def animate(run: systolic.SystolicRun, static_fallback: bool = True) -> Any:
     return box
 
 
+# The one HTML frame player (exports, and later the website): frames are inline PNGs,
+# the buttons plain text, the script a few lines, so the file works offline and with no
+# CDN (matplotlib's own ``to_jshtml`` loads its button icons from one).
+_PLAYER = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+.tpc-player {{ font-family: sans-serif; display: inline-block; }}
+.tpc-player img {{ display: block; max-width: 100%; }}
+.tpc-player button {{ font: inherit; margin: 2px; padding: 2px 8px; cursor: pointer; }}
+.tpc-player input[type=range] {{ width: 100%; }}
+</style></head>
+<body><div class="tpc-player" id="{uid}">
+<img alt="{title}" src="{first}">
+<input type="range" min="0" max="{last}" value="0" aria-label="frame">
+<div>
+<button data-act="first" title="first frame">|&lt;</button>
+<button data-act="prev" title="previous frame">&lt;</button>
+<button data-act="play" title="play">play</button>
+<button data-act="pause" title="pause">pause</button>
+<button data-act="next" title="next frame">&gt;</button>
+<button data-act="last" title="last frame">&gt;|</button>
+<span class="tpc-label"></span>
+</div></div>
+<script>
+(function () {{
+  var frames = {frames};
+  var root = document.getElementById("{uid}");
+  var img = root.querySelector("img"), slider = root.querySelector("input");
+  var label = root.querySelector(".tpc-label"), i = 0, timer = null;
+  function show(k) {{
+    i = Math.max(0, Math.min(frames.length - 1, k));
+    img.src = frames[i]; slider.value = i;
+    label.textContent = "frame " + (i + 1) + " / " + frames.length;
+  }}
+  function pause() {{ if (timer) {{ clearInterval(timer); timer = null; }} }}
+  function play() {{
+    pause();
+    timer = setInterval(function () {{ show(i + 1 < frames.length ? i + 1 : 0); }}, {interval_ms});
+  }}
+  var acts = {{first: function () {{ pause(); show(0); }},
+              prev: function () {{ pause(); show(i - 1); }},
+              next: function () {{ pause(); show(i + 1); }},
+              last: function () {{ pause(); show(frames.length - 1); }},
+              play: play, pause: pause}};
+  root.querySelectorAll("button").forEach(function (b) {{
+    b.addEventListener("click", acts[b.dataset.act]);
+  }});
+  slider.addEventListener("input", function () {{ pause(); show(+slider.value); }});
+  show(0);
+}})();
+</script></body></html>
+"""
+
+
+def html_player(frames_png: Sequence[bytes], fps: float = 2.0, title: str = "animation") -> str:
+    """A self-contained HTML page that plays PNG frames: slider, first/previous/play/
+    pause/next/last buttons as plain text, every frame inline (``data:`` URIs); nothing
+    is fetched from the network.
+    """
+    import base64
+    import json
+
+    if not frames_png:
+        raise errors.CourseValueError("html_player needs at least one frame")
+    fps = errors.check_number("fps", fps, low=0, low_open=True)
+    uris = ["data:image/png;base64," + base64.b64encode(f).decode("ascii") for f in frames_png]
+    return _PLAYER.format(title=html.escape(title), uid="tpc-player", first=uris[0],
+                          last=len(uris) - 1, frames=json.dumps(uris),
+                          interval_ms=max(1, round(1000 / fps)))
+
+
 def export_animation(run: systolic.SystolicRun, path: str | pathlib.Path, fps: float = 2.0) -> pathlib.Path:
     """Write the animation to ``path``: ``.gif`` (Pillow) or ``.html`` (a self-contained
-    JavaScript player, for slides). Returns the path."""
+    player, :func:`html_player`, for slides and offline use). Returns the path."""
     import matplotlib.pyplot as plt
     from matplotlib import animation
 
     path = pathlib.Path(path)
     if path.suffix not in (".gif", ".html", ".htm"):
-        raise ValueError(f"export_animation writes .gif or .html, got {path.name!r}")
+        raise errors.CourseValueError(f"export_animation writes .gif or .html, got {path.name!r}")
+    fps = errors.check_number("fps", fps, low=0, low_open=True)
     frames = _frames(run)
     fig = draw_frame(run, 0)
 
@@ -198,11 +272,19 @@ def export_animation(run: systolic.SystolicRun, path: str | pathlib.Path, fps: f
         draw_frame_on(fig, run, i)
         return []
 
-    anim = animation.FuncAnimation(fig, update, frames=len(frames), interval=1000 / fps, blit=False)
     if path.suffix == ".gif":
+        anim = animation.FuncAnimation(fig, update, frames=len(frames), interval=1000 / fps,
+                                       blit=False)
         anim.save(path, writer=animation.PillowWriter(fps=fps))
     else:
-        path.write_text(anim.to_jshtml(fps=fps))
+        pngs = []
+        for i in range(len(frames)):
+            update(i)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=80)
+            pngs.append(buf.getvalue())
+        path.write_text(html_player(pngs, fps=fps, title=f"systolic array animation: {run.dataflow}, "
+                                    f"{run.rows}x{run.cols}"), encoding="utf-8")
     plt.close(fig)
     return path
 
