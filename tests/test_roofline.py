@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from tpu_course import hardware, roofline
 
-CHIPS = [hardware.get(n) for n in hardware.names()]
+CHIPS = [hardware.get(n) for n in hardware.names()]  # rows with a bf16 peak
+CHIPS = [c for c in CHIPS if c.peak_bf16_flops_per_s is not None]
 
 
 def test_worked_numbers_v5e_and_h100():
@@ -67,6 +68,14 @@ def test_elementwise_add_is_deeply_memory_bound():
         assert roofline.bound(ai, chip) == "memory"
     with pytest.raises(ValueError):
         roofline.arithmetic_intensity(1.0, 0)
+
+
+def test_t4_roofline_needs_a_dtype_it_has():
+    t4 = hardware.get("t4")
+    with pytest.raises(ValueError, match="no published bf16 peak"):
+        roofline.ridge_point(t4)
+    assert roofline.ridge_point(t4, "fp16") == pytest.approx(65e12 / 320e9)
+    assert roofline.ridge_point(t4, "fp32") == pytest.approx(8.1e12 / 320e9)
 
 
 def test_plot_labels_roofs_with_numbers_and_sources():

@@ -82,13 +82,12 @@ def elementwise_intensity(flops_per_element: float = 1, inputs: int = 1, outputs
 
 
 def _peak(chip: hardware.Chip, dtype: str) -> float:
-    peak = chip.peak_bf16_flops_per_s if dtype == "bf16" else chip.peak_fp32_flops_per_s
-    if peak is None:
-        raise ValueError(
-            f"{chip.display_name} has no published {dtype} peak in tpu_course.hardware; "
-            "use dtype='bf16' (TPUs run fp32 matmuls as several bf16 passes)."
-        )
-    return peak
+    try:
+        return hardware.peak_flops_per_s(chip, dtype)
+    except ValueError as err:
+        hint = (" TPUs publish bf16 peaks only (they run fp32 matmuls as several bf16 passes)."
+                if chip.kind == "tpu" else "")
+        raise ValueError(f"{err}; pass one of those as dtype=.{hint}") from None
 
 
 def ridge_point(chip: hardware.Chip, dtype: str = "bf16") -> float:
