@@ -147,7 +147,7 @@ def frame_strip(run: systolic.SystolicRun, cycles: Sequence[int] | None = None, 
         ax.axis("off")
     held_name, h_name, v_name = _NAMES[run.dataflow]
     fig.suptitle(f"{run.rows}x{run.cols} {run.dataflow.upper()} array: bold {held_name} "
-                 f"(hatched dot: none loaded yet; 0 is a real zero), blue {h_name} (moving "
+                 f"(hatched: none loaded yet; 0 is a real zero), blue {h_name} (moving "
                  f"right), orange {v_name} (moving down)", fontsize=10)
     fig.tight_layout()
     return fig
