@@ -346,8 +346,11 @@ else:
         r = bench.benchmark(jax.jit(jnp.matmul), a, a, repeats=5, min_time=0.1, warn=False,
                             flops=roofline.matmul_flops(n, n, n))
         measured.append(roofline.Point(f"{n}", roofline.matmul_intensity(n, n, n), r.flops_per_s))
-        print(f"matmul {n}: {r.flops_per_s / 1e12:.1f} TFLOP/s = {r.fraction_of_peak:.0%} of peak")
-    roofline.plot(rt.chip, measured)
+        print(f"matmul {n}: {r.flops_per_s / 1e12:.1f} TFLOP/s = {r.fraction_of_peak:.0%} of "
+              f"one device's peak ({r.peak_name})")
+    # a chip without bf16 (the T4) computes these matmuls in fp32: draw its fp32 roof
+    roof = "bf16" if rt.chip.peak_bf16_flops_per_s is not None else "fp32"
+    roofline.plot(rt.chip, measured, dtype=roof)
     plt.show()
 
 # %% [markdown]
@@ -439,7 +442,8 @@ for dt in (jnp.float32, jnp.bfloat16):
     m = jnp.ones((n, n), dt)
     r = bench.benchmark(jax.jit(jnp.matmul), m, m, repeats=5, min_time=0.1, warn=False,
                         flops=roofline.matmul_flops(n, n, n))
-    frac = "" if r.fraction_of_peak is None else f" = {r.fraction_of_peak:.0%} of the bf16 peak"
+    frac = ("" if r.fraction_of_peak is None else
+            f" = {r.fraction_of_peak:.0%} of one device's peak ({r.peak_name})")
     print(f"{jnp.dtype(dt).name:>8} {n}^3 matmul on {rt.platform.upper()}: "
           f"{r.flops_per_s / 1e12:.3f} TFLOP/s{frac}")
 if ON_CPU:
