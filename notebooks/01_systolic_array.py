@@ -95,32 +95,46 @@ np.set_printoptions(linewidth=110)
 # * A **von Neumann CPU** (one ALU, as the textbook draws it) loads `a[i,k]` and `b[k,j]`
 #   from memory, loads the running sum, multiplies, adds and stores the sum back: four
 #   memory accesses for every MAC.
-# * A **GPU** has thousands of ALUs. A thread block stages tiles of A and B in shared
-#   memory, and the running sum sits in a register, but every MAC still reads its two
-#   operands from shared memory: about two accesses per MAC, however large the matmul.
+# * A **GPU** has thousands of ALUs, fed from on-chip shared memory (SMEM). A thread
+#   block stages tiles of A and B in SMEM. A naive kernel (one thread per output) then
+#   reads both operands of every MAC from SMEM: 2 accesses per MAC. A real one keeps a
+#   `t x t` tile of outputs in registers (a warp's tile of tensor-core fragments, 64 x 64
+#   in CUTLASS's examples): each value loaded from SMEM feeds a whole row or column of
+#   that tile, so the count falls to about `2/t + 1/n`.
 # * A **systolic array** reads an operand from its edge buffer once and then passes it
 #   from cell to cell: a weight is read once and used by every row of A that streams
 #   past; an activation entering at the left edge is used by all `C` cells of its row;
 #   a partial sum moves down to the next cell instead of going back to memory.
 #
-# `systolic.memory_accesses_per_mac` puts numbers on this (its docstring states the
-# model and its assumptions; the systolic numbers are the traffic the simulator itself
-# counts, checked in the tests).
+# What is counted, for all three alike: accesses to the memory that feeds the
+# multipliers (the CPU's memory, the GPU's SMEM, the array's edge buffers), not registers
+# and not the traffic from HBM into that memory (chapter 4's roofline).
+# `systolic.memory_accesses_per_mac` holds the model and its formulas; its systolic
+# counts are the traffic the simulator itself counts as it moves the values, checked in
+# the tests.
 
 # %%
+print(f"{'n':>5}  {'CPU':>5}  {'GPU, no tile':>12}  {'GPU, 64x64 tile':>15}  "
+      f"{'systolic 128x128':>16}  {'2/128 + 1/n':>11}")
 for n in (128, 1024, 8192):
-    row = {m: systolic.memory_accesses_per_mac(n, m).per_mac for m in ("cpu", "gpu", "systolic")}
-    print(f"n = {n:5d}: cpu {row['cpu']:.2f}, gpu {row['gpu']:.3f}, "
-          f"systolic (128x128) {row['systolic']:.4f} accesses per MAC")
+    per = lambda machine, **kw: systolic.memory_accesses_per_mac(n, machine, **kw).per_mac  # noqa: E731
+    print(f"{n:5d}  {per('cpu'):5.2f}  {per('gpu', tile=1):12.4f}  {per('gpu', tile=64):15.4f}  "
+          f"{per('systolic'):16.4f}  {2 / 128 + 1 / n:11.4f}")
 
 # %%
 viz.plot_accesses_per_mac([2 ** p for p in range(6, 15)])
 plt.show()
 
 # %% [markdown]
-# The systolic array's accesses per MAC fall as the matmul grows, roughly as 1/128 +
-# 1/n: each value read from the edge is reused up to 128 times inside the array. That
-# reuse, not a faster multiplier, is the point of the design.
+# The systolic array's accesses per MAC are `2/128 + 1/n` once n is a multiple of 128
+# (the last two columns agree): each activation is read once per column tile (1/128 per
+# MAC), each partial sum written once per row tile (1/128), each weight read once (1/n).
+# A register-tiled GPU kernel reaches `2/t + 1/n`: with a 64 x 64 tile, about twice the
+# systolic count. The difference is where the reuse lives: a GPU kernel buys it with
+# registers and the instructions that fill them, tile by tile, and the naive kernel
+# without them pays 2 per MAC; the systolic array has it in its wires, as wide as the
+# array, with no register file to read for each MAC. That reuse, not a faster
+# multiplier, is the point of the design.
 #
 # > **Takeaway.** A systolic array turns a memory problem into a wiring problem: values
 # > move one cell per cycle over short wires instead of travelling to and from memory.
@@ -150,8 +164,9 @@ print("equal to A @ B:", bool((run.result == A @ B).all()))
 
 # %% [markdown]
 # Below are key cycles of that run (a static strip, which is what GitHub and CI show).
-# Bold: the weight a cell holds; blue: the activation passing right; orange: the
-# partial sum passing down. Watch the weights load column by column (each column of the
+# Bold: the weight a cell holds (a hatched cell holds none yet; a bold 0
+# is a real zero of B); blue: the activation passing right; orange: the partial sum
+# passing down. Watch the weights load column by column (each column of the
 # load path starts one cycle after its left neighbour), then the activations enter as a
 # diagonal wavefront, and the last results drain out of the bottom-right corner.
 
@@ -312,17 +327,26 @@ plt.show()
 # The course's hardware table (`tpu_course.hardware`, every number with its source):
 
 # %%
-print(f"{'chip':22s} {'MXUs':>5s} {'MXU size':>9s} {'bf16 TFLOP/s':>13s} {'HBM GB':>7s} "
-      f"{'HBM GB/s':>9s} {'VMEM MiB':>9s}")
+print(f"{'chip':22s} {'MXUs':>5s} {'MXU size':>9s} {'bf16 TFLOP/s':>13s} {'HBM':>8s} "
+      f"{'HBM GB/s':>9s} {'VMEM MiB':>9s} {'JAX devices':>11s}")
 for name in hardware.names():
     chip = hardware.get(name)
     if chip.kind != "tpu":
         continue
     print(f"{chip.display_name:22s} {chip.mxu_count:5d} {f'{chip.mxu_size}x{chip.mxu_size}':>9s} "
-          f"{chip.peak_bf16_flops_per_s / 1e12:13,.0f} {chip.hbm_bytes / 1e9:7.0f} "
-          f"{chip.hbm_bytes_per_s / 1e9:9,.0f} {chip.vmem_bytes / 2**20:9.0f}")
+          f"{hardware.peak_flops_per_s(chip) / 1e12:13,.0f} {chip.hbm_label:>8s} "
+          f"{chip.hbm_bytes_per_s / 1e9:9,.0f} {chip.vmem_bytes / 2**20:9.0f} "
+          f"{chip.devices_per_chip:11d}")
+print()
+for name in ("v5e",):
+    print(f"note: {name} HBM: {hardware.get(name).alt_values['hbm_unit']}")
 
 # %% [markdown]
+# HBM is printed in the unit each source uses (GB = 10⁹ bytes, GiB = 2³⁰ bytes, about 7%
+# more). "JAX devices" is how many devices one chip shows: on v2, v3 and 7x each
+# TensorCore is its own device, so one device has half the chip's peak; on v4 and v5p
+# the two cores act as one ("megacore").
+#
 # Peak FLOP/s comes from the table, never from MXU count x clock: for v6e and 7x the
 # published MXU counts and the published peaks do not imply a plausible clock, so the
 # simulator counts cycles and stops there.

@@ -136,8 +136,38 @@ def test_fraction_of_peak_uses_the_hardware_table():
         chip="v5e", peak_flops_per_s=hardware.get("v5e").peak_bf16_flops_per_s,
         peak_name="bf16 dense", recompilations=0)
     assert base.fraction_of_peak == pytest.approx(0.5)  # 98.5 TFLOP/s of 197
-    assert bench._peak(hardware.get("h100"), "fp32") == (67e12, "fp32")
-    assert bench._peak(None, "bf16") == (None, "unknown")
+    assert bench.device_peak(hardware.get("h100"), "fp32") == (67e12, "fp32")
+    assert bench.device_peak(None, "bf16") == (None, "unknown")
+
+
+@pytest.mark.parametrize("name", ["v2", "v3", "7x"])
+def test_one_device_of_a_two_device_chip_is_compared_with_half_the_chip(name):
+    """On v2, v3 and 7x each TensorCore is a JAX device: a one-device benchmark reaching
+    half the chip's peak is at 100 % of what that device can do."""
+    chip = hardware.get(name)
+    assert chip.devices_per_chip == 2
+    peak, label = bench.device_peak(chip)
+    assert peak == chip.peak_bf16_flops_per_s / 2
+    assert "chip peak / 2" in label
+    r = bench.BenchResult(
+        name="x", times_s=(1.0,), number=1, compile_time_s=None, first_call_s=1.0, warmup=1,
+        flops=chip.peak_bf16_flops_per_s / 2, bytes_accessed=None, platform="tpu",
+        device_kind=chip.device_kinds[0], chip=name, peak_flops_per_s=peak, peak_name=label,
+        recompilations=0)
+    assert r.fraction_of_peak == pytest.approx(1.0)
+
+
+def test_megacore_and_gpu_chips_are_one_device():
+    for name in ("v4", "v5e", "v5p", "v6e", "h100"):
+        chip = hardware.get(name)
+        assert bench.device_peak(chip)[0] == chip.peak_bf16_flops_per_s, name
+
+
+def test_t4_bf16_is_compared_with_its_fp32_peak_and_says_so():
+    peak, label = bench.device_peak(hardware.get("t4"))
+    assert peak == hardware.get("t4").peak_fp32_flops_per_s
+    assert "no bf16" in label and "fp32" in label
+    assert bench.device_peak(hardware.get("t4"), "fp16")[0] == 65e12
 
 
 def test_bad_arguments_are_explained():

@@ -39,11 +39,32 @@ def test_dcn_bits_32_and_approaching_64():
     assert 63 < comms.dcn_bits_per_param(256) < 64
 
 
-def test_dcn_min_tokens_fact_sheet():
-    # hardware_facts.md section 5: ~42k (v5e) / ~49k (v5p) at 2 slices, ~84k / ~98k with many
-    assert comms.dcn_min_tokens_per_slice("v5e", 2) == pytest.approx(42e3, rel=0.01)
-    assert comms.dcn_min_tokens_per_slice("v5p", 2) == pytest.approx(49e3, rel=0.01)
-    assert comms.dcn_min_tokens_per_slice("v5e", 10**6) == pytest.approx(84e3, rel=0.01)
+def test_book_dcn_rule_reproduces_71k_on_v5p():
+    # training.md@dea4256, "Scaling Across Pods": C / W_dcn = 4.46e14 / 6.25e9 = 71,360
+    assert hardware.get("v5p").dcn_bytes_per_s == 6.25e9
+    assert comms.dcn_book_min_tokens_per_slice(
+        "v5p", flops_per_s=comms.BOOK_V5P_FLOPS_PER_S) == pytest.approx(71_360)
+    # the same rule with the table's Cloud peak (4.59e14)
+    assert comms.dcn_book_min_tokens_per_slice("v5p") == pytest.approx(73_440)
+
+
+def test_course_dcn_variant_overlaps_only_the_backward_pass():
+    # fp32 gradients, ring factor 2(S-1)/S, 4 backward FLOPs per parameter per token
+    c_over_w = comms.dcn_intensity("v5p")
+    assert comms.BACKWARD_FLOPS_PER_PARAM_TOKEN == 4
+    assert comms.dcn_min_tokens_per_slice("v5p", 2) == pytest.approx(4 / 4 * c_over_w)
+    assert comms.dcn_min_tokens_per_slice("v5e", 10**6) == pytest.approx(2 * 63_040, rel=1e-5)
+    # bf16 gradients over many slices: exactly the book's rule
+    assert comms.dcn_min_tokens_per_slice("v5p", 10**6, grad_bits=16) == pytest.approx(
+        comms.dcn_book_min_tokens_per_slice("v5p"), rel=1e-5)
+
+
+def test_tp_limit_is_the_books_forward_pass_comparison():
+    # 4BDF/(Y C) > 4BD/W_ici  <=>  Y < F W_ici / C  (training chapter); not 12BDF vs 8BD
+    chip = hardware.get("v5p")
+    f = 32768
+    assert comms.tp_max_shards(chip, f) == pytest.approx(f * comms.w_ici(chip) / 4.59e14)
+    assert comms.tp_max_shards(chip, f) == pytest.approx(f / 2550, rel=0.001)
 
 
 def test_pipeline_bubble_values():
@@ -97,7 +118,9 @@ def test_two_axes_double_the_bandwidth():
 def test_latency_floor():
     t = comms.all_gather_time(1.0, 16, "v5e")
     assert t == pytest.approx(8e-6)
+    # the whole array on 2 devices; the book's "45kB" is the per-hop buffer (one shard)
     assert comms.latency_bound_bytes("v5e", 2) == pytest.approx(90e3)
+    assert comms.latency_bound_bytes("v5e", 2) / 2 == pytest.approx(4.5e10 * 1e-6)
 
 
 def test_wraparound_rules():
@@ -110,6 +133,22 @@ def test_all_to_all_quarter_of_all_gather():
     chip = hardware.get("v5p")
     v = 1e10
     assert comms.all_to_all_time(v, 16, chip, hop_latency_s=0) == pytest.approx(v / (4 * comms.w_ici(chip)))
+
+
+def test_all_to_all_without_wraparound_is_twice():
+    v5e = hardware.get("v5e")
+    wrapped = comms.all_to_all_time(1e10, 16, v5e, hop_latency_s=0)
+    assert comms.all_to_all_time(1e10, 16, v5e, wraparound=False, hop_latency_s=0) == \
+        pytest.approx(2 * wrapped)
+
+
+def test_gpu_all_to_all_is_a_direct_send():
+    # gpus.md: T = B (N-1) / (W N^2) with W the one-way egress per GPU (450e9 on H100)
+    h100 = hardware.get("h100")
+    v, n = 1e10, 8
+    assert comms.all_to_all_time(v, n, h100) == pytest.approx(v * (n - 1) / (450e9 * n * n))
+    # "a 2x theoretical speedup" over the TPU ring formula V / (4 W) at N = 8 (about)
+    assert comms.all_to_all_time(v, n, h100) < v / (4 * 450e9) / 1.7
 
 
 def test_gpu_switch_uses_nccl_ring():
@@ -149,3 +188,13 @@ def test_training_cost_arithmetic():
     assert est.usd == pytest.approx(8 * 2 * comms.PRICES_USD_PER_CHIP_HOUR["v5e"]["on_demand"])
     assert "unverified" in str(est)
     assert comms.mfu(6e12, 1.0, 1, "v5e") == pytest.approx(6e12 / 197e12)
+    with pytest.raises(ValueError, match="no published bf16"):
+        comms.mfu(6e12, 1.0, 1, "t4")
+
+
+def test_spot_prices_are_an_assumption_printed_beside_the_number():
+    for chip, row in comms.PRICES_USD_PER_CHIP_HOUR.items():
+        assert row["spot"] == pytest.approx(row["on_demand"] * comms.SPOT_FRACTION_ASSUMED, abs=0.005)
+    spot = str(comms.training_cost("v6e", 1, hours=1, pricing="spot"))
+    assert "assumed 0.4 x on-demand" in spot
+    assert "assumed" not in str(comms.training_cost("v6e", 1, hours=1))

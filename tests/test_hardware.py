@@ -28,7 +28,9 @@ def test_every_row_is_complete_and_sourced():
     for chip in hardware.CHIPS.values():
         assert chip.sources.get("peak_bf16_flops_per_s"), chip.name
         assert chip.sources.get("hbm_bytes_per_s") or chip.sources.get("hbm_bytes"), chip.name
-        assert chip.peak_bf16_flops_per_s > 1e13 and chip.hbm_bytes > 1e9
+        peak = chip.peak_bf16_flops_per_s or chip.peak_fp16_flops_per_s
+        assert peak > 1e13 and chip.hbm_bytes > 1e9
+        assert chip.hbm_unit in ("GB", "GiB") and chip.devices_per_chip in (1, 2)
         for tag in re.findall(r"\b(S\d+|NV)\b", " ".join(chip.sources.values())):
             assert tag in hardware.SOURCES, f"{chip.name}: unknown source tag {tag}"
 
@@ -60,6 +62,64 @@ def test_lookup_maps_device_kinds(kind, name):
 @pytest.mark.parametrize("kind", ["cpu", "NVIDIA A100-SXM4-40GB", "TPU v9 ultra", "", "NVIDIA GeForce RTX 4090"])
 def test_lookup_says_unknown_instead_of_guessing(kind):
     assert hardware.lookup(kind) is None
+
+
+@pytest.mark.parametrize("kind", ["NVIDIA H200 NVL", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-80GB",
+                                  "NVIDIA H100 PCIe"])
+def test_pcie_cards_never_get_the_sxm_row(kind):
+    """The NVL / PCIe cards have a lower power limit and no NVSwitch: not the SXM numbers."""
+    assert hardware.lookup(kind) is None
+    assert "PCIe" in hardware.missing_reason(kind)
+    assert hardware.missing_reason("NVIDIA H200") is None
+
+
+def test_t4_has_no_bf16_peak_and_keeps_fp16():
+    t4 = hardware.get("t4")
+    assert t4.peak_bf16_flops_per_s is None
+    assert t4.peak_fp16_flops_per_s == 65e12
+    with pytest.raises(ValueError, match="no published bf16 peak"):
+        hardware.critical_intensity(t4)
+    assert hardware.critical_intensity(t4, "fp16") == pytest.approx(203, rel=0.01)
+    assert "no bf16" in t4.summary() and "no bf16" in hardware.table(["t4"])
+    assert "fp16" in hardware.table(["t4"])
+
+
+def test_fp16_peaks_where_published():
+    # the scaling book's GPU table gives one "bf16/fp16" column (gpus.md)
+    for name in ("a100", "h100", "h200"):
+        c = hardware.get(name)
+        assert c.peak_fp16_flops_per_s == c.peak_bf16_flops_per_s
+    assert all(hardware.get(n).peak_fp16_flops_per_s is None
+               for n in hardware.names() if hardware.get(n).kind == "tpu")
+
+
+def test_devices_per_chip_and_per_device_peak():
+    # v2, v3, 7x: each TensorCore is a JAX device; v4, v5p: megacore, one device
+    two = {n for n in hardware.names() if hardware.get(n).devices_per_chip == 2}
+    assert two == {"v2", "v3", "7x"}
+    assert hardware.peak_flops_per_device(hardware.get("v3")) == 123e12 / 2
+    assert hardware.peak_flops_per_device(hardware.get("v5p")) == 459e12
+
+
+def test_hbm_printed_in_the_sources_unit():
+    labels = {n: hardware.get(n).hbm_label for n in ("v3", "v4", "v5p", "7x", "v5e", "v6e")}
+    assert labels == {"v3": "32 GiB", "v4": "32 GiB", "v5p": "95 GiB", "7x": "192 GiB",
+                      "v5e": "16 GB", "v6e": "32 GB"}
+    # v5e: the disagreement is printed, not picked silently
+    assert "16 GiB" in hardware.table(["v5e"]) and "17.2e9" in hardware.table(["v5e"])
+
+
+def test_7x_from_the_cloud_tpu7x_page():
+    c = hardware.get("7x")
+    assert c.hbm_bytes_per_s == 7380e9  # "7380 GB/s"
+    assert c.dcn_bytes_per_s == 100e9 / 8  # "100 Gb/s" per chip
+    assert c.ici_bytes_per_s == 1200e9
+    assert c.sources["hbm_bytes_per_s"] == c.sources["dcn_bytes_per_s"] == "S7"
+
+
+def test_v3_ici_is_the_chip_total_not_one_link():
+    c = hardware.get("v3")
+    assert c.ici_bytes_per_s == 4 * 2 * c.ici_link_bytes_per_s  # 4 links, both ways
 
 
 def test_get_unknown_lists_the_table():

@@ -99,3 +99,11 @@ def test_forward_flops_close_to_xla_cost_analysis(name):
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     want = models.forward_flops_per_image(model) - _padding_taps_flops(model)
     assert want <= cost["flops"] <= 1.05 * want, (want, cost["flops"])
+
+
+def test_cnn_docstring_states_the_default_features():
+    import inspect
+
+    default = inspect.signature(models.CNN.__init__).parameters["features"].default
+    assert default == (16, 32)
+    assert f"default {default[0]} and {default[1]}" in models.CNN.__doc__

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from tpu_course import hardware, roofline
 
-CHIPS = [hardware.get(n) for n in hardware.names()]
+CHIPS = [hardware.get(n) for n in hardware.names()]  # rows with a bf16 peak
+CHIPS = [c for c in CHIPS if c.peak_bf16_flops_per_s is not None]
 
 
 def test_worked_numbers_v5e_and_h100():
@@ -69,6 +70,14 @@ def test_elementwise_add_is_deeply_memory_bound():
         roofline.arithmetic_intensity(1.0, 0)
 
 
+def test_t4_roofline_needs_a_dtype_it_has():
+    t4 = hardware.get("t4")
+    with pytest.raises(ValueError, match="no published bf16 peak"):
+        roofline.ridge_point(t4)
+    assert roofline.ridge_point(t4, "fp16") == pytest.approx(65e12 / 320e9)
+    assert roofline.ridge_point(t4, "fp32") == pytest.approx(8.1e12 / 320e9)
+
+
 def test_plot_labels_roofs_with_numbers_and_sources():
     pytest.importorskip("matplotlib")
     import matplotlib
@@ -88,3 +97,27 @@ def test_pure_module_does_not_import_jax():
     code = "import sys, tpu_course.roofline; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_plot_labels_of_neighbouring_matmuls_do_not_overlap():
+    """Chapter 4's points matmul 1024 ... 8192 sit a factor of 2 apart on the flat roof."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    v5e = hardware.get("v5e")
+    pts = []
+    for n in (128, 256, 512, 1024, 2048, 4096, 8192):
+        e = roofline.estimate(roofline.matmul_flops(n, n, n), roofline.matmul_bytes(n, n, n, 2), v5e)
+        pts.append(roofline.Point(f"matmul {n}", e.intensity, e.attainable_flops_per_s, False))
+    ax = roofline.plot(v5e, pts)
+    ax.figure.canvas.draw()
+    renderer = ax.figure.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == len(pts)
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            assert not boxes[i].overlaps(boxes[j]), (ax.texts[i].get_text(), ax.texts[j].get_text())
+    axes_box = ax.get_window_extent(renderer)
+    assert all(axes_box.y0 <= b.y0 for b in boxes)  # no label falls off the bottom
+    plt.close(ax.figure)

@@ -150,10 +150,61 @@ def test_access_model_matches_simulated_traffic():
     model = S.memory_accesses_per_mac(n, "systolic", rows=4, cols=4)
     assert model.reads == run.operand_reads and model.writes == run.result_writes
     assert S.memory_accesses_per_mac(n, "cpu").per_mac == 4.0
-    assert S.memory_accesses_per_mac(64, "gpu", tile=16).per_mac == pytest.approx(
-        2 + 2 / 16 + 1 / 64)
     per = [S.memory_accesses_per_mac(x, "systolic").per_mac for x in (128, 1024, 8192)]
     assert per[0] > per[1] > per[2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 24), st.integers(1, 9), st.integers(1, 9))
+def test_accesses_formula_equals_the_simulators_counts(n, rows, cols):
+    """The chapter's formula (1 + ceil(n/C) + ceil(n/R)) / n is what simulate() counts."""
+    a, b = _ints(n, n, n, seed=n)
+    run = S.simulate(a, b, rows, cols, "ws", "scalesim")
+    model = S.memory_accesses_per_mac(n, "systolic", rows=rows, cols=cols)
+    assert (model.reads, model.writes) == (run.operand_reads, run.result_writes)
+    formula = (1 + math.ceil(n / cols) + math.ceil(n / rows)) / n
+    assert model.per_mac == pytest.approx(formula, rel=1e-12)
+    assert (run.operand_reads + run.result_writes) / n**3 == pytest.approx(formula, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [128, 1024, 8192])
+def test_systolic_accesses_are_2_over_128_plus_1_over_n(n):
+    assert S.memory_accesses_per_mac(n, "systolic").per_mac == pytest.approx(2 / 128 + 1 / n)
+
+
+def _tiled_gpu_matmul_counting(a, b, tile):
+    """A register-tiled matmul, written out: each tile x tile block of c lives in
+    registers; each k step loads a column piece of a and a row piece of b from shared
+    memory (counted) and does tile^2 MACs. Returns (c, smem reads, c writes)."""
+    n = a.shape[0]
+    c = np.zeros((n, n), a.dtype)
+    reads = writes = 0
+    for i0 in range(0, n, tile):
+        for j0 in range(0, n, tile):
+            acc = np.zeros((min(tile, n - i0), min(tile, n - j0)), a.dtype)  # registers
+            for k in range(n):
+                a_col = a[i0:i0 + tile, k]      # loaded from shared memory
+                b_row = b[k, j0:j0 + tile]
+                reads += a_col.size + b_row.size
+                acc += np.outer(a_col, b_row)   # tile^2 MACs on registers
+            c[i0:i0 + tile, j0:j0 + tile] = acc
+            writes += acc.size
+    return c, reads, writes
+
+
+@pytest.mark.parametrize("n,tile", [(12, 1), (12, 4), (13, 4), (16, 16), (20, 8)])
+def test_gpu_accesses_formula_equals_a_tiled_loop(n, tile):
+    a, b = _ints(n, n, n)
+    c, reads, writes = _tiled_gpu_matmul_counting(a, b, tile)
+    assert (c == a @ b).all()
+    model = S.memory_accesses_per_mac(n, "gpu", tile=tile)
+    assert (model.reads, model.writes) == (reads, writes)
+
+
+def test_gpu_accesses_fall_with_the_tile():
+    per = [S.memory_accesses_per_mac(1024, "gpu", tile=t).per_mac for t in (1, 8, 64, 128)]
+    assert per == sorted(per, reverse=True)
+    assert per[0] == pytest.approx(2 + 1 / 1024) and per[2] == pytest.approx(2 / 64 + 1 / 1024)
 
 
 def _scalesim_cases():

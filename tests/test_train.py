@@ -289,3 +289,27 @@ def test_time_steps_threads_a_donated_state_and_counts_images():
     state, t = train.time_steps(step, state, train.prefetch_to_device(host), warmup=2)
     assert t.steps == 6 and int(state.step) == 8
     assert t.images_per_s == pytest.approx(16 / t.seconds_per_step)
+
+
+def test_donation_on_the_cpu_backend_is_honoured_without_a_warning():
+    """Chapter 3's claim, on whichever JAX line runs the suite (0.7.2 and 0.12 both):
+    the donated CPU array is deleted, its buffer reused, and nothing warns; a donation
+    that cannot be used (no output of that shape) warns and deletes nothing."""
+    import warnings
+
+    bump = jax.jit(lambda x: x.at[1].add(1.0), donate_argnums=0)
+    old = jnp.zeros(1024)
+    pointer = old.unsafe_buffer_pointer()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        new = bump(old)
+        new.block_until_ready()
+    assert old.is_deleted() and not caught
+    if jax.default_backend() == "cpu":
+        assert new.unsafe_buffer_pointer() == pointer
+    with pytest.raises(RuntimeError, match="deleted"):
+        old + 1
+    x = jnp.zeros(4)
+    with pytest.warns(UserWarning, match="donated buffers were not usable"):
+        jax.jit(jnp.sum, donate_argnums=0)(x)
+    assert not x.is_deleted()

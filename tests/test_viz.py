@@ -77,7 +77,29 @@ def test_plots_return_figures():
     assert list(sim.get_ydata()) == [closed.get_ydata()[0], closed.get_ydata()[2]]
     plt.close(fig)
     fig = viz.plot_accesses_per_mac([64, 1024])
-    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["cpu", "gpu", "systolic"]
+    lines = fig.axes[0].get_lines()
+    assert [ln.get_label() for ln in lines] == [
+        "CPU (one ALU)", "GPU, no register tiling", "GPU, 64x64 register tile", "systolic 128x128"]
+    assert list(lines[2].get_ydata()) == [systolic.memory_accesses_per_mac(n, "gpu", tile=64).per_mac
+                                          for n in (64, 1024)]
+    plt.close(fig)
+
+
+def test_frame_shows_an_unloaded_weight_apart_from_a_zero():
+    """Chapter 1's strip: a cell whose weight is not loaded yet is not drawn as "0"."""
+    import matplotlib.pyplot as plt
+
+    b = np.array([[0, 1], [2, 0]])  # real zeros on the diagonal
+    run = systolic.simulate(np.ones((2, 2), np.int64), b, 2, 2, trace=True)
+    first, last = run.trace[0], run.trace[-1]
+    assert np.isnan(first.held).all()          # cycle 0: nothing latched yet
+    assert not np.isnan(last.held).any() and (last.held == 0).sum() == 2
+    fig = viz.draw_frame(run, 0, show_output=False)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "0" not in texts and texts.count("\u00b7") == 4
+    plt.close(fig)
+    fig = viz.draw_frame(run, len(run.trace) - 1, show_output=False)
+    assert [t.get_text() for t in fig.axes[0].texts].count("0") >= 2
     plt.close(fig)
 
 

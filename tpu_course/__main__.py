@@ -163,12 +163,16 @@ def doctor_report(rt: runtime.Runtime | None = None) -> tuple[list[str], list[st
     ]
     chip = rt.chip
     if chip:
+        peak_field = ("peak_bf16_flops_per_s" if chip.peak_bf16_flops_per_s is not None
+                      else "peak_fp16_flops_per_s")
         lines.append(f"  chip: {chip.summary()} (hardware table row {chip.name!r}, "
-                     f"sources {chip.sources.get('peak_bf16_flops_per_s', '')})")
+                     f"peak sources {chip.sources.get(peak_field, '')})")
     elif rt.platform == "cpu":
         lines.append("  chip: none (CPU): timings on this runtime are CPU timings, not TPU timings")
     else:
-        lines.append(f"  chip: {rt.device_kind!r} is not in the hardware table: peaks unknown")
+        why = hardware.missing_reason(rt.device_kind)
+        lines.append(f"  chip: {rt.device_kind!r} is not in the hardware table: peaks unknown"
+                     + (f" ({why})" if why else ""))
     if rt.simulated:
         lines.append(f"  simulated devices: {rt.cpu_device_count} CPU devices "
                      "(--xla_force_host_platform_device_count) for mesh demos")

@@ -18,8 +18,11 @@
 
 FLOPs and bytes come from XLA's cost analysis (or the ``flops=`` / ``bytes_accessed=``
 you pass); achieved FLOP/s and bytes/s divide them by the median time, and
-``fraction_of_peak`` divides FLOP/s by the chip's dense bf16 peak from
-:mod:`tpu_course.hardware` (``None`` on a CPU or a chip not in the table).
+``fraction_of_peak`` divides FLOP/s by the dense bf16 peak *of one device* from
+:mod:`tpu_course.hardware` (``None`` on a CPU or a chip not in the table): the chip's
+peak divided by its JAX devices per chip, since on v2, v3 and 7x each TensorCore is a
+device and a one-device benchmark can reach only that share. On a chip without bf16
+(the T4), XLA computes bf16 in fp32, so the fp32 peak is used and ``peak_name`` says so.
 
 >>> import jax, jax.numpy as jnp
 >>> r = benchmark(jax.jit(lambda a: a @ a), jnp.ones((64, 64)), repeats=5, min_time=0.0,
@@ -104,7 +107,7 @@ class BenchResult:
     platform: str
     device_kind: str
     chip: str | None  # hardware-table key, None for a CPU or an unknown chip
-    peak_flops_per_s: float | None  # the chip's dense peak used for fraction_of_peak
+    peak_flops_per_s: float | None  # one device's dense peak, used for fraction_of_peak
     peak_name: str  # which peak that is ('bf16 dense', 'fp32', ...)
     recompilations: int  # compilations seen during the timed samples
     jax_version: str = ""
@@ -236,12 +239,35 @@ def _device_of(args: Any) -> Any:
     return jax.devices()[0]
 
 
-def _peak(chip: hardware.Chip | None, peak: str) -> tuple[float | None, str]:
+def device_peak(chip: hardware.Chip | None, peak: str = "bf16") -> tuple[float | None, str]:
+    """The peak FLOP/s one JAX device of ``chip`` can reach for ``peak`` (a dtype name),
+    and a label saying which peak that is.
+
+    The chip's peak divided by its devices per chip (v2, v3, 7x: 2). A chip without a
+    bf16 peak (the T4: XLA computes bf16 in fp32) is compared with its fp32 peak, and the
+    label says so. ``(None, ...)`` when the table has no such peak.
+
+    >>> from tpu_course import hardware
+    >>> device_peak(hardware.get("7x"))
+    (1153500000000000.0, 'bf16 dense, one of 2 devices per chip (chip peak / 2)')
+    >>> device_peak(hardware.get("t4"))
+    (8100000000000.0, 'fp32: NVIDIA T4 has no bf16, XLA computes it in fp32')
+    """
     if chip is None:
         return None, "unknown"
-    if peak == "fp32":
-        return chip.peak_fp32_flops_per_s, "fp32"
-    return chip.peak_bf16_flops_per_s, "bf16 dense"
+    if peak not in hardware.DTYPES:
+        raise ValueError(f"peak must be one of {hardware.DTYPES}, got {peak!r}")
+    dtype, name = peak, ("bf16 dense" if peak == "bf16" else peak)
+    if peak == "bf16" and chip.peak_bf16_flops_per_s is None:
+        dtype, name = "fp32", f"fp32: {chip.display_name} has no bf16, XLA computes it in fp32"
+    try:
+        value = hardware.peak_flops_per_device(chip, dtype)
+    except ValueError:
+        return None, f"{peak}: none published"
+    if chip.devices_per_chip > 1:
+        name += (f", one of {chip.devices_per_chip} devices per chip "
+                 f"(chip peak / {chip.devices_per_chip})")
+    return value, name
 
 
 def benchmark(fn: Callable, *args: Any, warmup: int = 2, repeats: int = 10,
@@ -261,7 +287,8 @@ def benchmark(fn: Callable, *args: Any, warmup: int = 2, repeats: int = 10,
         number: calls per sample; ``None`` picks it so a sample lasts about
             ``TARGET_SAMPLE_S``. Per-run times are sample time / ``number``.
         flops, bytes_accessed: per-call counts to use instead of XLA's cost analysis.
-        peak: ``'bf16'`` (the chip's dense bf16 peak, default) or ``'fp32'``.
+        peak: ``'bf16'`` (dense bf16 peak, default), ``'fp16'`` or ``'fp32'``; always
+            one device's share of the chip's peak (:func:`device_peak`).
         warn: issue a :class:`BenchmarkWarning` for a recompile or a large spread.
 
     Returns:
@@ -320,7 +347,7 @@ def benchmark(fn: Callable, *args: Any, warmup: int = 2, repeats: int = 10,
     device = _device_of(args)
     platform = device.platform if device.platform in ("tpu", "cpu") else "gpu"
     chip = hardware.lookup(device.device_kind) if platform != "cpu" else None
-    peak_flops, peak_name = _peak(chip, peak)
+    peak_flops, peak_name = device_peak(chip, peak)
     notes = []
     if recompilations:
         notes.append(

@@ -25,9 +25,12 @@ Formulas (``shared/hardware_facts.md`` sections 4-5, which cite the scaling book
 * Several axes at once (2D/3D torus): the bandwidth adds up,
   ``T = max(T_min sum|X_i|/2, V (N-1)/N / sum W_i)``.
 * All-reduce = reduce-scatter + all-gather: twice the time. All-to-all on a
-  bidirectional ring: ``V / (4 W_ici)`` (a quarter of an all-gather).
+  bidirectional ring: ``V / (4 W_ici)`` (a quarter of an all-gather, the book's
+  sharding chapter); without wraparound the course derives ``V / (2 W_ici)`` (half the
+  links cross the middle of the line; the book does not treat that case).
 * Switched (NVLink/NVSwitch) GPUs, NCCL's ring model with one-way per-GPU bandwidth
-  ``B``: all-gather ``(V/B)(n-1)/n``, all-reduce twice that [S12].
+  ``B``: all-gather ``(V/B)(n-1)/n``, all-reduce twice that [S12]. All-to-all inside an
+  NVSwitch node is a direct send: ``V (n-1) / (B n^2)`` (the book's GPU chapter).
 
 Worked numbers from the fact sheet, reproduced:
 
@@ -41,6 +44,8 @@ Worked numbers from the fact sheet, reproduced:
 850
 >>> dcn_bits_per_param(2), dcn_bits_per_param(1000)
 (32.0, 63.936)
+>>> round(dcn_book_min_tokens_per_slice("v5p", flops_per_s=BOOK_V5P_FLOPS_PER_S))
+71360
 >>> round(pipeline_bubble(4, 8), 3), round(pipeline_bubble(8, 63), 2)
 (0.273, 0.1)
 """
@@ -225,14 +230,27 @@ def all_reduce_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Ch
 def all_to_all_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Chip | str, *,
                     wraparound: bool | Sequence[bool] | None = None,
                     hop_latency_s: float = HOP_LATENCY_S) -> float:
-    """Seconds for an all-to-all of a ``v_bytes`` array per chip on a ring.
+    """Seconds for an all-to-all of a ``v_bytes`` array (all shards together).
 
-    ``T = V / (4 W_ici)`` on a bidirectional (wrapped) ring, a quarter of an all-gather;
-    twice that without wraparound (scaling book, sharding chapter). Several axes add
-    their bandwidths as for the all-gather.
+    * TPU, wrapped (bidirectional) ring: ``T = V / (4 W_ici)``, a quarter of an
+      all-gather (scaling book, sharding chapter: "AllGather / 4 for a bidirectional
+      ring"; each device sends ``N^2/4`` chunks of ``V/N^2``).
+    * TPU, no wraparound: ``T = V / (2 W_ici)``. The book gives only the wrapped case;
+      this is the course's own bisection count: ``N^2/4`` chunks of ``V/N^2`` must
+      cross the middle of the line each way, over one link of ``W_ici / 2`` one way
+      instead of the ring's two.
+    * Switched GPUs (NVSwitch node): a direct send, ``T = V (n-1) / (B n^2)`` with ``B``
+      the one-way NVLink bandwidth per GPU (``W / 2``) (scaling book, GPU chapter:
+      ``B (N-1) / (W N^2)``, "a 2x theoretical speedup" over the ring at ``N = 8``).
+
+    Several TPU axes add their bandwidths as for the all-gather.
 
     >>> all_to_all_time(4 * 90e9, 16, "v5e")
     1.0
+    >>> all_to_all_time(4 * 90e9, 8, "v5e")      # v5e's 8-axis has no wraparound: 2x
+    2.0
+    >>> round(all_to_all_time(64 * 450e9, 8, "h100"), 3)   # 7/64 of V / 450 GB/s
+    7.0
     """
     v_bytes = errors.check_number("v_bytes", v_bytes, low=0)
     hop_latency_s = errors.check_number("hop_latency_s", hop_latency_s, low=0)
@@ -241,8 +259,9 @@ def all_to_all_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Ch
     if math.prod(sizes) == 1:
         return 0.0
     w = w_ici(chip)
-    if chip.kind == "gpu":
-        return max(hop_latency_s, v_bytes / (2 * w))
+    if chip.kind == "gpu":  # direct sends through the switch, one-way bandwidth w / 2
+        n = math.prod(sizes)
+        return max(hop_latency_s, v_bytes * (n - 1) / (n * n * (w / 2)))
     flags = _wrap_flags(chip, sizes, wraparound)
     bandwidth = sum(w if f else w / 2 for a, f in zip(sizes, flags) if a > 1)
     return max(hop_latency_s * ring_hops(sizes, flags), v_bytes / (4 * bandwidth))
@@ -250,13 +269,17 @@ def all_to_all_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Ch
 
 def latency_bound_bytes(chip: hardware.Chip | str, axis_size: int,
                         hop_latency_s: float = HOP_LATENCY_S) -> float:
-    """The array size below which a ring all-gather on one wrapped axis is latency-bound.
+    """The size ``V`` of the whole array below which a ring all-gather on one wrapped
+    axis is latency-bound.
 
-    Where ``T_min |X|/2 = V/W_ici``: ``V = T_min |X| W_ici / 2``. For ``|X| = 2`` it
-    is one link's one-way bytes per microsecond, the book's "45 kB" on v5e.
+    Where ``T_min |X|/2 = V/W_ici``: ``V = T_min |X| W_ici / 2``, i.e. ``|X|`` shards of
+    ``T_min W_ici / 2`` bytes each. That per-shard figure is one link's one-way bytes per
+    microsecond, the book's "any buffer under 4.5e10 * 1e-6 = 45kB will be latency
+    bound" on v5e (sharding chapter): the book's 45 kB is the buffer one hop sends, not
+    the whole array. On two devices the array threshold is twice it:
 
-    >>> latency_bound_bytes("v5e", 2)
-    90000.0
+    >>> latency_bound_bytes("v5e", 2), latency_bound_bytes("v5e", 2) / 2   # array, per shard
+    (90000.0, 45000.0)
     """
     chip = hardware.as_chip(chip)
     axis_size = errors.check_int("axis_size", axis_size, low=1)
@@ -280,14 +303,18 @@ def dp_min_tokens_per_chip(chip: hardware.Chip | str, axes: int = 1) -> float:
     """
     chip = hardware.as_chip(chip)
     axes = errors.check_int("axes", axes, low=1)
-    return chip.peak_bf16_flops_per_s / (w_ici(chip) * axes)
+    return hardware.peak_flops_per_s(chip) / (w_ici(chip) * axes)
 
 
 def tp_max_shards(chip: hardware.Chip | str, d_ff: int, axes: int = 1) -> float:
     """Largest tensor-parallel degree ``Y`` that stays compute-bound: ``M_Y F W_ici / C``.
 
-    Megatron TP moves ``8BD`` bytes per layer against ``12BDF/Y`` FLOPs (scaling book,
-    training chapter), so ``Y < M_Y F / alpha``. Independent of batch and precision.
+    The scaling book (training chapter) compares the forward pass alone: ``4BDF/Y``
+    FLOPs (two matmuls) against an all-gather and a reduce-scatter of the ``[B, D]``
+    bf16 activations, ``2 x 2BD = 4BD`` bytes, so ``4BDF/(Y C) > 4BD/(W_ici M_Y)`` gives
+    ``Y < M_Y F W_ici / C = M_Y F / alpha``. (The backward pass has twice of both,
+    ``8BDF/Y`` against ``4BD``, so it is not the binding one.) Independent of batch and
+    precision.
 
     >>> round(tp_max_shards("v5p", 32768), 1)
     12.9
@@ -295,7 +322,7 @@ def tp_max_shards(chip: hardware.Chip | str, d_ff: int, axes: int = 1) -> float:
     chip = hardware.as_chip(chip)
     d_ff = errors.check_int("d_ff", d_ff, low=1)
     axes = errors.check_int("axes", axes, low=1)
-    return axes * d_ff * w_ici(chip) / chip.peak_bf16_flops_per_s
+    return axes * d_ff * w_ici(chip) / hardware.peak_flops_per_s(chip)
 
 
 def fsdp_tp_min_tokens_per_chip(chip: hardware.Chip | str, d_ff: int,
@@ -311,7 +338,7 @@ def fsdp_tp_min_tokens_per_chip(chip: hardware.Chip | str, d_ff: int,
     chip = hardware.as_chip(chip)
     d_ff = errors.check_int("d_ff", d_ff, low=1)
     mesh_axes = errors.check_int("mesh_axes", mesh_axes, low=1)
-    alpha = chip.peak_bf16_flops_per_s / w_ici(chip)
+    alpha = hardware.peak_flops_per_s(chip) / w_ici(chip)
     return alpha**2 / (mesh_axes * d_ff)
 
 
@@ -335,35 +362,99 @@ def dcn_bits_per_param(slices: int, grad_bits: int = 32) -> float:
 
 
 def dcn_intensity(chip: hardware.Chip | str) -> float:
-    """``C / W_dcn`` per chip, FLOP per byte: the book's "tokens per slice" threshold.
+    """``C / W_dcn`` per chip, FLOP per byte, with ``C`` the table's bf16 peak.
 
-    The book's v5p figure is 71,360 (it uses C = 4.46e14); with the table's 4.59e14 it is
-    73,440.
-
-    >>> round(dcn_intensity("v5p")), round(dcn_intensity("v5e"))
-    (73440, 63040)
+    >>> round(dcn_intensity("v5p")), round(dcn_intensity("v5e")), round(dcn_intensity("7x"))
+    (73440, 63040, 184560)
     """
     chip = hardware.as_chip(chip)
     if chip.dcn_bytes_per_s is None:
         raise errors.CourseValueError(f"{chip.display_name} has no DCN bandwidth in tpu_course.hardware")
-    return chip.peak_bf16_flops_per_s / chip.dcn_bytes_per_s
+    return hardware.peak_flops_per_s(chip) / chip.dcn_bytes_per_s
+
+
+#: The per-chip ``C`` the scaling book uses for v5p in its DCN rule ("4.46e14 / 6.25e9 =
+#: 71,360", training chapter at commit dea4256). The hardware table holds Cloud's 4.59e14
+#: (S4); the book's own ICI paragraphs use 4.6e14.
+BOOK_V5P_FLOPS_PER_S = 4.46e14
+
+
+def dcn_book_min_tokens_per_slice(chip: hardware.Chip | str,
+                                  flops_per_s: float | None = None) -> float:
+    """The scaling book's rule for data parallelism across slices: tokens per slice > ``C / W_dcn``.
+
+    The book's derivation (training chapter, "Scaling Across Pods", commit dea4256): a
+    ring all-reduce of the bf16 gradients over the slices, in the backward pass, with
+    ``M`` chips per slice and ``N`` chips in all:
+
+    ``T_math = 2*2*2 BDF / (N C)``  (per layer: the backward pass, 8BDF FLOPs),
+    ``T_comms = 2*2*2 DF / (M W_dcn)``  (two DxF bf16 gradients, all-reduced: 2x bytes),
+
+    and ``T_math > T_comms`` when ``B / (N/M) > C / W_dcn``: the tokens per slice must
+    exceed the chip's DCN intensity. Assumptions: bf16 gradients (2 bytes), an
+    all-reduce sending twice the array, only the backward pass's 4 FLOPs per parameter
+    per token overlapping it. ``flops_per_s`` overrides ``C`` (default: the table's bf16
+    peak). The book writes 71,360 with ``C = 4.46e14`` (:data:`BOOK_V5P_FLOPS_PER_S`);
+    with the table's Cloud figure 4.59e14 the same rule gives 73,440. Its takeaway rounds
+    to "roughly 75,000".
+
+    >>> round(dcn_book_min_tokens_per_slice("v5p", flops_per_s=BOOK_V5P_FLOPS_PER_S))
+    71360
+    >>> round(dcn_book_min_tokens_per_slice("v5p"))
+    73440
+    """
+    chip = hardware.as_chip(chip)
+    if flops_per_s is None:
+        return dcn_intensity(chip)
+    if chip.dcn_bytes_per_s is None:
+        raise errors.CourseValueError(f"{chip.display_name} has no DCN bandwidth in tpu_course.hardware")
+    return flops_per_s / chip.dcn_bytes_per_s
+
+
+#: FLOPs per parameter per token of the backward pass, the part of a step that can
+#: overlap the gradient all-reduce (the forward pass is 2, the backward 4, of the usual
+#: 6 per parameter per token; scaling book, training chapter: 4BDF + 8BDF per layer).
+BACKWARD_FLOPS_PER_PARAM_TOKEN = 4
 
 
 def dcn_min_tokens_per_slice(chip: hardware.Chip | str, slices: int,
                              grad_bits: int = 32) -> float:
-    """Tokens per slice per step above which cross-slice data parallelism is compute-bound.
+    """The course's variant of the book's DCN rule: tokens per slice per step above which
+    data parallelism across ``slices`` slices stays compute-bound.
 
-    Per step a slice of ``M`` chips computes ``6 P T`` FLOPs (``T`` tokens, ``P``
-    parameters) in ``6 P T / (M C)`` seconds and sends ``P x bits/8`` bytes over
-    ``M W_dcn``; compute wins when ``T > (bits/8) C / (6 W_dcn)``
-    (``shared/hardware_facts.md`` section 5: ~42k on v5e at 2 slices, ~84k with many).
+    Assumptions (each different from :func:`dcn_book_min_tokens_per_slice` is marked *):
 
-    >>> round(dcn_min_tokens_per_slice("v5e", 2)), round(dcn_min_tokens_per_slice("v5p", 2))
-    (42027, 48960)
+    * a ring all-reduce of the gradients over the slices; each slice sends
+      :func:`dcn_bits_per_param` ``= 2 (S-1)/S x grad_bits`` per parameter (*the exact
+      ring factor: 32 bits at two slices of fp32, approaching 64 with many; the book
+      takes the many-slice limit);
+    * gradients in fp32 (``grad_bits=32``, *the book assumes bf16);
+    * a slice of ``M`` chips sends over ``M x W_dcn`` (per-chip DCN, as in the book);
+    * only the backward pass, ``4`` of the ``6`` FLOPs per parameter per token
+      (:data:`BACKWARD_FLOPS_PER_PARAM_TOKEN`), can overlap the all-reduce: a layer's
+      gradient exists only after its backward pass, and the next step's forward pass
+      needs the updated weights;
+    * perfect overlap, bandwidth-bound (no latency), DCN the only bottleneck.
+
+    Then ``T_math = 4 P T / (M C)`` for ``T`` tokens per slice and ``P`` parameters,
+    ``T_comms = P (bits/8) / (M W_dcn)``, and compute wins when
+    ``T > (bits/8) / 4 x C / W_dcn``. With ``grad_bits=16`` and many slices this is the
+    book's ``C / W_dcn``; with fp32 at two slices it is the same number again (4 bytes
+    either way), and twice it with many slices.
+
+    >>> round(dcn_min_tokens_per_slice("v5p", 2)), round(dcn_min_tokens_per_slice("v5p", 1000))
+    (73440, 146733)
+    >>> round(dcn_min_tokens_per_slice("v5e", 2)), round(dcn_min_tokens_per_slice("7x", 2))
+    (63040, 184560)
+
+    The seed document's "theoretical minimum of 176k to 352k tokens" and "350k tokens per
+    Pod for two Pods to 700k tokens for many Pods" fit this variant on a TPU7x (184,560
+    and 369,120 here, within 5%) doubled as a practical margin; the C it used (about
+    2.2e15 FLOP/s) and the margin are not found in any source read: unverified.
     """
     chip = hardware.as_chip(chip)
     bytes_per_param = dcn_bits_per_param(slices, grad_bits) / 8
-    return bytes_per_param * dcn_intensity(chip) / 6
+    return bytes_per_param * dcn_intensity(chip) / BACKWARD_FLOPS_PER_PARAM_TOKEN
 
 
 def pipeline_bubble(stages: int, microbatches: int) -> float:
@@ -418,7 +509,7 @@ def recommend(chip: hardware.Chip | str, params: float, tokens_per_slice: float,
     >>> print(recommend("v5e", 7e9, 1e6, slices=4))
     within a slice: fsdp; across slices: dp
       10 x 7e+09 params = 70 GB per chip for a DP replica > 16 GB HBM: shard it (FSDP)
-      1,000,000 tokens per slice >= 63,040 needed over DCN with 4 slices: DP across slices is compute-bound
+      1,000,000 tokens per slice >= 94,560 needed over DCN with 4 slices: DP across slices is compute-bound
     """
     chip = hardware.as_chip(chip)
     params = errors.check_number("params", params, low=0, low_open=True)
@@ -639,15 +730,32 @@ def layer_bytes(strategy: str, d_model: int, d_ff: int, batch: int = 0,
 # ---------------------------------------------------------------------------------------
 # what it costs
 
-#: On-demand and spot prices in USD per chip-hour (us-central regions), dated.
+#: Spot price as a fraction of on-demand: an ASSUMPTION, not a published figure. Spot
+#: prices vary by region and over time; the course has no copy of them, so every spot
+#: price below is on-demand x this, and printed estimates say so.
+SPOT_FRACTION_ASSUMED = 0.4
+
+#: On-demand prices in USD per chip-hour (us-central regions), dated.
 #: UNVERIFIED: the course's search corpus holds no copy of https://cloud.google.com/tpu/pricing
 #: with per-chip prices (checked 2026-11-30); these are the list prices last published there
-#: as remembered by the author. Check the page before quoting them.
+#: as remembered by the author. Check the page before quoting them. The spot column is
+#: derived: on-demand x :data:`SPOT_FRACTION_ASSUMED`.
+_ON_DEMAND_USD = {"v5e": 1.20, "v5p": 4.20, "v6e": 2.70}
 PRICES_USD_PER_CHIP_HOUR: Mapping[str, Mapping[str, float]] = {
-    "v5e": {"on_demand": 1.20, "spot": 0.48},
-    "v5p": {"on_demand": 4.20, "spot": 1.68},
-    "v6e": {"on_demand": 2.70, "spot": 1.08},
+    chip: {"on_demand": usd, "spot": round(usd * SPOT_FRACTION_ASSUMED, 2)}
+    for chip, usd in _ON_DEMAND_USD.items()
 }
+
+
+def pricing_note(pricing: str) -> str:
+    """What a price of kind ``pricing`` rests on, printed beside every estimate.
+
+    >>> pricing_note("spot")
+    'spot = assumed 0.4 x on-demand'
+    """
+    if pricing == "spot":
+        return f"spot = assumed {SPOT_FRACTION_ASSUMED:g} x on-demand"
+    return pricing
 PRICES_AS_OF = "2026-11-30"
 PRICES_SOURCE = "https://cloud.google.com/tpu/pricing (UNVERIFIED: not found in the stored copies)"
 
@@ -670,14 +778,19 @@ class CostEstimate:
     def __str__(self) -> str:
         m = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
         return (f"{self.chips} x {self.chip} for {self.hours:,.3g} h at ${self.usd_per_chip_hour:.2f}"
-                f"/chip-h ({self.pricing}, {PRICES_AS_OF}, unverified) = ${self.usd:,.2f}{m}")
+                f"/chip-h ({pricing_note(self.pricing)}, {PRICES_AS_OF}, unverified) = "
+                f"${self.usd:,.2f}{m}")
 
     __repr__ = __str__
 
 
 def mfu(model_flops_per_step: float, step_time_s: float, chips: int,
         chip: hardware.Chip | str) -> float:
-    """Model FLOP utilisation: achieved model FLOP/s over ``chips x C``.
+    """Model FLOP utilisation: achieved model FLOP/s over ``chips x C`` (bf16 peak).
+
+    ``chips`` counts chips, not JAX devices: on v2, v3 and 7x a chip is two devices, so a
+    step on ``d`` devices uses ``d / 2`` chips. A chip without a bf16 peak (the T4)
+    raises ``ValueError`` rather than borrowing another dtype's peak.
 
     >>> round(mfu(197e12, 1.0, 2, "v5e"), 2)
     0.5
@@ -686,7 +799,7 @@ def mfu(model_flops_per_step: float, step_time_s: float, chips: int,
     step_time_s = errors.check_number("step_time_s", step_time_s, low=0, low_open=True)
     chips = errors.check_int("chips", chips, low=1)
     chip = hardware.as_chip(chip)
-    return model_flops_per_step / step_time_s / (chips * chip.peak_bf16_flops_per_s)
+    return model_flops_per_step / step_time_s / (chips * hardware.peak_flops_per_s(chip))
 
 
 def training_cost(chip: str, chips: int, *, tokens: float | None = None, params: float | None = None,
@@ -700,6 +813,8 @@ def training_cost(chip: str, chips: int, *, tokens: float | None = None, params:
     >>> est = training_cost("v5e", 256, params=1e9, tokens=20e9, mfu_=0.4)
     >>> round(est.hours, 2), round(est.usd)
     (1.65, 508)
+    >>> print(training_cost("v5e", 20, hours=3, pricing="spot"))
+    20 x v5e for 3 h at $0.48/chip-h (spot = assumed 0.4 x on-demand, 2026-11-30, unverified) = $28.80
     """
     if not isinstance(chip, str) or chip not in PRICES_USD_PER_CHIP_HOUR:
         raise errors.CourseValueError(f"chip={chip!r}: no price in the table; it has "
@@ -715,5 +830,5 @@ def training_cost(chip: str, chips: int, *, tokens: float | None = None, params:
         tokens = errors.check_number("tokens", tokens, low=0)
         params = errors.check_number("params", params, low=0, low_open=True)
         mfu_ = errors.check_number("mfu_", mfu_, low=0, high=1, low_open=True)
-        hours = 6 * params * tokens / (chips * c.peak_bf16_flops_per_s * mfu_) / 3600
+        hours = 6 * params * tokens / (chips * hardware.peak_flops_per_s(c) * mfu_) / 3600
     return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu_)

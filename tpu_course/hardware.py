@@ -6,6 +6,13 @@ Conventions (stated once, used everywhere):
   per-core values; the rows here multiply by the cores per chip.
 * **Dense** FLOP/s (NVIDIA's headline figures often assume 2:4 sparsity).
 * **Bytes**, not GB or GiB: ``16e9`` for "16 GB", ``95 * 2**30`` for "95 GiB".
+  ``hbm_unit`` records which unit the source printed, and tables print the capacity in
+  that unit (``95 GiB``, not ``102 GB``).
+* **Peaks per chip; devices per chip apart.** On v2, v3 and 7x each TensorCore is its own
+  JAX device (``devices_per_chip = 2``); on v4 and v5p the two cores form one "megacore"
+  device. A one-device benchmark compares with :func:`peak_flops_per_device`.
+* **No borrowed peaks.** A chip without bf16 matrix support (the T4) has
+  ``peak_bf16_flops_per_s = None``; its fp16 peak is kept in ``peak_fp16_flops_per_s``.
 * ICI bandwidth is the **bidirectional per-chip total** over all ports, as the Cloud TPU
   documentation gives it; ``ici_link_bytes_per_s`` is the one-way bandwidth of a single
   link as the scaling book uses it.
@@ -23,6 +30,8 @@ and are spelled out in :data:`SOURCES`.
 'v5e'
 >>> lookup("cpu") is None
 True
+>>> get("t4").peak_bf16_flops_per_s is None, get("t4").peak_fp16_flops_per_s
+(True, 65000000000000.0)
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ SOURCES: Mapping[str, str] = {
     "S4": "https://docs.cloud.google.com/tpu/docs/v5p-training",
     "S5": "https://docs.cloud.google.com/tpu/docs/v5e",
     "S6": "https://docs.cloud.google.com/tpu/docs/v6e",
-    "S7": "https://docs.cloud.google.com/tpu/docs/tpu7x",
+    "S7": "https://docs.cloud.google.com/tpu/docs/tpu7x (spec table: BF16 2307 TFLOPs, HBM "
+    "192 GiB at 7380 GB/s, ICI 1200 GB/s bidirectional, DCN 100 Gb/s per chip; its v5p and v6e "
+    "columns: DCN 50 and 100 Gb/s per chip)",
     "S8": "https://cloud.google.com/tpu/docs/v3",
     "S9": "https://cloud.google.com/tpu/docs/v4",
     "S11": "jax-ml/scaling-book gpus.md (GPU spec tables, NVLink)",
@@ -66,7 +77,7 @@ class Chip:
     name: str  # the table key: 'v5e', 'h100', ...
     display_name: str
     kind: str  # 'tpu' or 'gpu'
-    peak_bf16_flops_per_s: float
+    peak_bf16_flops_per_s: float | None  # dense bf16 matrix peak; None: no bf16 support
     peak_fp32_flops_per_s: float | None  # vector/CUDA-core fp32; None: not published
     hbm_bytes: float
     hbm_bytes_per_s: float
@@ -83,17 +94,48 @@ class Chip:
     device_kinds: tuple[str, ...]  # what jax.devices()[0].device_kind reports
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     alt_values: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    peak_fp16_flops_per_s: float | None = None  # dense fp16 matrix peak; None: none published
+    devices_per_chip: int = 1  # JAX devices one chip shows (2 on v2, v3, 7x: no megacore)
+    hbm_unit: str = "GB"  # the unit the HBM source prints: 'GB' (1e9) or 'GiB' (2**30)
 
     @property
     def hbm_gib(self) -> float:
         """HBM capacity in GiB (2**30 bytes)."""
         return self.hbm_bytes / 2**30
 
+    @property
+    def hbm_label(self) -> str:
+        """HBM capacity in the unit its source prints: ``'16 GB'``, ``'95 GiB'``.
+
+        >>> get("v5p").hbm_label, get("v5e").hbm_label
+        ('95 GiB', '16 GB')
+        """
+        scale = {"GB": 1e9, "GiB": 2**30}[self.hbm_unit]
+        return f"{self.hbm_bytes / scale:,.0f} {self.hbm_unit}"
+
+    def peak_label(self) -> str:
+        """The bf16 peak in TFLOP/s, or ``'no bf16'`` with the fp16 peak where published.
+
+        >>> get("v5e").peak_label(), get("t4").peak_label()
+        ('197 bf16 TFLOP/s', 'no bf16 (fp16: 65 TFLOP/s)')
+        """
+        if self.peak_bf16_flops_per_s is not None:
+            return f"{self.peak_bf16_flops_per_s / 1e12:,.0f} bf16 TFLOP/s"
+        if self.peak_fp16_flops_per_s is not None:
+            return f"no bf16 (fp16: {self.peak_fp16_flops_per_s / 1e12:,.0f} TFLOP/s)"
+        return "no bf16"
+
     def summary(self) -> str:
-        """One line: name, peak bf16, HBM size and bandwidth."""
+        """One line: name, peak bf16 (or "no bf16"), HBM size (source's unit) and bandwidth.
+
+        >>> print(get("v5p").summary())
+        TPU v5p: 459 bf16 TFLOP/s, 95 GiB HBM at 2,765 GB/s
+        """
+        per_device = (f" ({self.devices_per_chip} JAX devices per chip)"
+                      if self.devices_per_chip > 1 else "")
         return (
-            f"{self.display_name}: {self.peak_bf16_flops_per_s / 1e12:,.0f} bf16 TFLOP/s, "
-            f"{self.hbm_bytes / 1e9:,.0f} GB HBM at {self.hbm_bytes_per_s / 1e9:,.0f} GB/s"
+            f"{self.display_name}: {self.peak_label()}, "
+            f"{self.hbm_label} HBM at {self.hbm_bytes_per_s / 1e9:,.0f} GB/s{per_device}"
         )
 
     def _repr_html_(self) -> str:
@@ -126,7 +168,10 @@ CHIPS: Mapping[str, Chip] = {
             vmem_bytes=16 * 2**20,  # S1
             device_kinds=("TPU v2",),
             sources={"peak_bf16_flops_per_s": "S1", "hbm_bytes": "S1", "hbm_bytes_per_s": "S1",
-                     "mxu_count": "S1 S3", "ici_topology": "S2", "chips_per_host": "S2"},
+                     "mxu_count": "S1 S3", "ici_topology": "S2", "chips_per_host": "S2",
+                     "devices_per_chip": "S1"},
+            devices_per_chip=2,  # 2 TensorCores, not megacore: each is a JAX device, S1
+            hbm_unit="GB",  # S1 stores 16e9 bytes
         ),
         Chip(
             name="v3", display_name="TPU v3", kind="tpu",
@@ -136,7 +181,9 @@ CHIPS: Mapping[str, Chip] = {
             hbm_bytes_per_s=900e9,  # S8, S2
             tensorcores_per_chip=2,  # S8
             mxu_count=4, mxu_size=128,  # 2 per core, S8 S1
-            ici_bytes_per_s=2e11,  # 1e11 one-way per link, S2 (unverified upstream)
+            # the chip's total: 4 links (2D torus, 4 neighbours) x 2e11 bidi per link; the
+            # per-link figure is S2's (1e11 one way, unverified upstream), the sum derived
+            ici_bytes_per_s=4 * 2e11,
             ici_link_bytes_per_s=1e11,  # S2
             ici_topology="2D torus",  # S8
             wraparound="full torus",
@@ -145,9 +192,13 @@ CHIPS: Mapping[str, Chip] = {
             vmem_bytes=16 * 2**20,  # S1
             device_kinds=("TPU v3",),
             sources={"peak_bf16_flops_per_s": "S8", "hbm_bytes": "S8", "hbm_bytes_per_s": "S8",
-                     "mxu_count": "S8 S1", "ici_link_bytes_per_s": "S2"},
+                     "mxu_count": "S8 S1", "ici_link_bytes_per_s": "S2",
+                     "ici_bytes_per_s": "S2 (derived: 4 links x 2e11 bidi per link)",
+                     "devices_per_chip": "S8 S1"},
             alt_values={"peak_bf16_flops_per_s": "140e12 (S1, S2)",
-                        "hbm_bytes_per_s": "825e9 (S1)"},
+                        "hbm_bytes_per_s": "825e9 (S1)", "hbm_bytes": "34.4e9 (S1)"},
+            devices_per_chip=2,  # 2 TensorCores, not megacore, S8 S1
+            hbm_unit="GiB",  # "32 GiB", S8
         ),
         Chip(
             name="v4", display_name="TPU v4", kind="tpu",
@@ -168,6 +219,8 @@ CHIPS: Mapping[str, Chip] = {
             sources={"peak_bf16_flops_per_s": "S9", "hbm_bytes": "S9", "hbm_bytes_per_s": "S9",
                      "ici_link_bytes_per_s": "S2", "ici_topology": "S9 S2"},
             alt_values={"hbm_bytes_per_s": "1.23e12 (S1)"},
+            devices_per_chip=1,  # megacore: the two cores are one JAX device, S9 S1
+            hbm_unit="GiB",  # "32 GiB", S9
         ),
         Chip(
             name="v5e", display_name="TPU v5e", kind="tpu",
@@ -189,7 +242,10 @@ CHIPS: Mapping[str, Chip] = {
                      "ici_bytes_per_s": "S5", "ici_link_bytes_per_s": "S2",
                      "dcn_bytes_per_s": "S2", "chips_per_host": "S5"},
             alt_values={"hbm_bytes_per_s": "800 GiB/s (S5, other revision); 8.1e11 / 8.2e11 (S2, S1)",
-                        "hbm_bytes": "17.2e9 (S1)"},
+                        "hbm_bytes": "17.2e9 (S1)",
+                        "hbm_unit": "Cloud pages have printed both 16 GB and 16 GiB; JAX stores "
+                                    "17.2e9 B (S1); this table keeps 16 GB (S5)"},
+            hbm_unit="GB",  # "16 GB", S5 (other revisions: "16 GiB")
         ),
         Chip(
             name="v5p", display_name="TPU v5p", kind="tpu",
@@ -212,6 +268,8 @@ CHIPS: Mapping[str, Chip] = {
                      "dcn_bytes_per_s": "S4", "chips_per_host": "S4"},
             alt_values={"hbm_bytes_per_s": "2575 GiB/s (S4 other revision); 2.8e12 (S2); 2.46e12 (S1)",
                         "hbm_bytes": "96 GB (S2); 103e9 (S1)"},
+            devices_per_chip=1,  # megacore, S4 S1
+            hbm_unit="GiB",  # "95 GiB", S4
         ),
         Chip(
             name="v6e", display_name="TPU v6e (Trillium)", kind="tpu",
@@ -225,40 +283,45 @@ CHIPS: Mapping[str, Chip] = {
             ici_link_bytes_per_s=9e10,  # S2
             ici_topology="2D torus, 4 ICI ports",  # S6
             wraparound="only on axes of size 16",  # S2
-            dcn_bytes_per_s=12.5e9,  # S2
+            dcn_bytes_per_s=12.5e9,  # S2; "100 Gb/s per chip" in S7's table
             chips_per_host=8,  # S6
             vmem_bytes=128 * 2**20,  # S1
             device_kinds=("TPU v6 lite", "TPU v6e"),
             sources={"peak_bf16_flops_per_s": "S6", "hbm_bytes": "S6", "hbm_bytes_per_s": "S6",
                      "ici_bytes_per_s": "S6", "ici_link_bytes_per_s": "S2",
-                     "dcn_bytes_per_s": "S2", "chips_per_host": "S6", "mxu_size": "S6 S1 S2"},
+                     "dcn_bytes_per_s": "S2 S7", "chips_per_host": "S6", "mxu_size": "S6 S1 S2"},
             alt_values={"hbm_bytes": "34.4e9 (S1)"},
+            hbm_unit="GB",  # "32 GB", S6
         ),
         Chip(
             name="7x", display_name="TPU7x (Ironwood)", kind="tpu",
             peak_bf16_flops_per_s=2307e12,  # S7
             peak_fp32_flops_per_s=None,
             hbm_bytes=192 * 2**30,  # "192 GiB", S7 (S1: 206e9)
-            hbm_bytes_per_s=7.4e12,  # S1 (blog, secondary: 7.37e12)
+            hbm_bytes_per_s=7380e9,  # "7380 GB/s", S7 (S1: 7.4e12; blog, secondary: 7.37e12)
             tensorcores_per_chip=2,  # not megacore: each core is its own JAX device, S7 S1
             mxu_count=4, mxu_size=256,  # 2 per core, 256 wide, S1
-            ici_bytes_per_s=1.2e12,  # secondary, S20
+            ici_bytes_per_s=1200e9,  # bidi per chip, S7
             ici_link_bytes_per_s=None,
             ici_topology="3D torus in 4x4x4 cubes",  # S21 via fact sheet
             wraparound="full 4x4x4 cubes",
-            dcn_bytes_per_s=None,  # not verified
+            dcn_bytes_per_s=100e9 / 8,  # "100 Gb/s" per chip, S7
             chips_per_host=4,  # 4 chips per VM
             vmem_bytes=64 * 2**20,  # S1
             device_kinds=("TPU7x", "TPU 7x", "TPU v7x", "TPU v7"),
-            sources={"peak_bf16_flops_per_s": "S7", "hbm_bytes": "S7", "hbm_bytes_per_s": "S1",
-                     "ici_bytes_per_s": "S20 (secondary)", "mxu_count": "S1"},
-            alt_values={"hbm_bytes_per_s": "7.37e12 (S20, secondary)", "hbm_bytes": "206e9 (S1)"},
+            sources={"peak_bf16_flops_per_s": "S7", "hbm_bytes": "S7", "hbm_bytes_per_s": "S7",
+                     "ici_bytes_per_s": "S7", "dcn_bytes_per_s": "S7", "mxu_count": "S1",
+                     "devices_per_chip": "S7 S1"},
+            alt_values={"hbm_bytes_per_s": "7.4e12 (S1); 7.37e12 (S20, secondary)",
+                        "hbm_bytes": "206e9 (S1)", "ici_bytes_per_s": "1.2 TB/s (S20, secondary)"},
+            devices_per_chip=2,  # 2 TensorCores, each its own JAX device (no megacore), S7 S1
+            hbm_unit="GiB",  # "192 GiB", S7
         ),
         Chip(
             name="t4", display_name="NVIDIA T4", kind="gpu",
-            # No native bf16 (S15): XLA falls back to fp32; the table keeps the fp16 tensor
-            # peak so intensities stay comparable, and notebooks say so.
-            peak_bf16_flops_per_s=65e12,  # fp16 tensor-core peak, S17 (secondary)
+            # No bf16 matrix support (S15): XLA computes bf16 in fp32. No bf16 peak is given;
+            # the fp16 tensor-core peak has its own field.
+            peak_bf16_flops_per_s=None,  # S15
             peak_fp32_flops_per_s=8.1e12,  # NV
             hbm_bytes=16e9,  # GDDR6, S17
             hbm_bytes_per_s=320e9,  # S17 (secondary)
@@ -271,8 +334,11 @@ CHIPS: Mapping[str, Chip] = {
             chips_per_host=1,
             vmem_bytes=64 * 2**10,  # L1/shared per SM, S17
             device_kinds=("Tesla T4", "NVIDIA T4"),
-            sources={"peak_bf16_flops_per_s": "S17 (fp16; no bf16, S15)", "hbm_bytes_per_s": "S17",
+            sources={"peak_bf16_flops_per_s": "S15 (none: no bf16 support)",
+                     "peak_fp16_flops_per_s": "S17 (secondary)", "hbm_bytes_per_s": "S17",
                      "peak_fp32_flops_per_s": "NV"},
+            peak_fp16_flops_per_s=65e12,  # fp16 tensor-core peak, S17 (secondary)
+            hbm_unit="GB",  # "16 GB" GDDR6, S17
         ),
         Chip(
             name="a100", display_name="NVIDIA A100 80GB SXM", kind="gpu",
@@ -289,10 +355,13 @@ CHIPS: Mapping[str, Chip] = {
             dcn_bytes_per_s=None,
             chips_per_host=8,  # S11
             vmem_bytes=192 * 2**10,  # SMEM per SM, S11
-            device_kinds=("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-80GB"),
+            device_kinds=("NVIDIA A100-SXM4-80GB",),  # the PCIe card is not this row
             sources={"peak_bf16_flops_per_s": "S11 S19", "hbm_bytes_per_s": "S19",
-                     "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV"},
+                     "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV",
+                     "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)"},
             alt_values={"hbm_bytes_per_s": "2.0e12 (S11)"},
+            peak_fp16_flops_per_s=312e12,  # dense, same as bf16, S11
+            hbm_unit="GB",  # "80GB", S11
         ),
         Chip(
             name="h100", display_name="NVIDIA H100 SXM", kind="gpu",
@@ -311,11 +380,14 @@ CHIPS: Mapping[str, Chip] = {
             vmem_bytes=256 * 2**10,  # SMEM per SM, S11
             device_kinds=("NVIDIA H100 80GB HBM3", "NVIDIA H100", "NVIDIA H100 SXM"),
             sources={"peak_bf16_flops_per_s": "S19 S11", "hbm_bytes_per_s": "S11",
-                     "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV"},
+                     "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV",
+                     "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)"},
             alt_values={"peak_bf16_flops_per_s": "990e12 (S11)"},
+            peak_fp16_flops_per_s=989e12,  # dense, same as bf16, S11 S19
+            hbm_unit="GB",  # "80GB", S11
         ),
         Chip(
-            name="h200", display_name="NVIDIA H200", kind="gpu",
+            name="h200", display_name="NVIDIA H200 (SXM)", kind="gpu",
             peak_bf16_flops_per_s=989e12,  # same die as H100, S11
             peak_fp32_flops_per_s=67e12,  # NV
             hbm_bytes=141e9,  # HBM3e, S11
@@ -329,9 +401,11 @@ CHIPS: Mapping[str, Chip] = {
             dcn_bytes_per_s=50e9,  # as H100, S11
             chips_per_host=8,  # S11
             vmem_bytes=256 * 2**10,  # S11
-            device_kinds=("NVIDIA H200", "NVIDIA H200 NVL"),
+            device_kinds=("NVIDIA H200",),  # the SXM module; the NVL card is not this row
             sources={"peak_bf16_flops_per_s": "S11", "hbm_bytes": "S11", "hbm_bytes_per_s": "S11",
-                     "peak_fp32_flops_per_s": "NV"},
+                     "peak_fp32_flops_per_s": "NV", "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)"},
+            peak_fp16_flops_per_s=989e12,  # dense, same as bf16, S11
+            hbm_unit="GB",  # "141GB", S11
         ),
     )
 }
@@ -388,16 +462,34 @@ def _norm(s: str) -> str:
     return re.sub(r"[^a-z0-9]+", " ", s.lower()).strip()
 
 
+_PCIE = ("a PCIe card with a lower power limit and no NVSwitch: its peak FLOP/s and its "
+         "interconnect differ from the {row} row, whose numbers the table does not lend it")
+
+#: Device kinds that look like a row but are a different product. ``lookup`` returns
+#: ``None`` for them (never the look-alike's numbers) and :func:`missing_reason` says why.
+NOT_IN_TABLE: Mapping[str, str] = {
+    "NVIDIA H200 NVL": _PCIE.format(row="H200 SXM"),
+    "NVIDIA H100 NVL": _PCIE.format(row="H100 SXM"),
+    "NVIDIA H100 PCIe": _PCIE.format(row="H100 SXM"),
+    "NVIDIA A100 80GB PCIe": _PCIE.format(row="A100 80GB SXM"),
+    "NVIDIA A100-PCIE-80GB": _PCIE.format(row="A100 80GB SXM"),
+    "NVIDIA A100-PCIE-40GB": "a 40 GB PCIe card; the table holds only the A100 80GB SXM",
+    "NVIDIA A100-SXM4-40GB": "the 40 GB A100 (1,555 GB/s HBM, not the 80 GB's 2,039); the "
+                             "table holds only the 80 GB SXM",
+}
+
+
 def lookup(device_kind: str) -> Chip | None:
     """Map a JAX ``device_kind`` string to its row, or ``None`` when it is not in the table.
 
-    ``None`` is the honest answer for a CPU, an A100 40GB or a chip newer than this
-    table: callers print "unknown" instead of borrowing another chip's numbers.
+    ``None`` is the honest answer for a CPU, an A100 40GB, an H200 NVL (a PCIe card, not
+    the SXM module of the ``h200`` row) or a chip newer than this table: callers print
+    "unknown" (and :func:`missing_reason`) instead of borrowing another chip's numbers.
 
     >>> lookup("TPU v6 lite").name, lookup("NVIDIA H200").name, lookup("Tesla T4").name
     ('v6e', 'h200', 't4')
-    >>> lookup("NVIDIA A100-SXM4-40GB") is None
-    True
+    >>> lookup("NVIDIA A100-SXM4-40GB") is None, lookup("NVIDIA H200 NVL") is None
+    (True, True)
     """
     if not isinstance(device_kind, str):
         return None
@@ -408,6 +500,54 @@ def lookup(device_kind: str) -> Chip | None:
     return None
 
 
+def missing_reason(device_kind: str) -> str | None:
+    """Why ``device_kind`` has no row although a similar chip has one (else ``None``).
+
+    >>> print(missing_reason("NVIDIA H200 NVL"))  # doctest: +NORMALIZE_WHITESPACE
+    a PCIe card with a lower power limit and no NVSwitch: its peak FLOP/s and its
+    interconnect differ from the H200 SXM row, whose numbers the table does not lend it
+    """
+    want = _norm(device_kind)
+    return next((why for kind, why in NOT_IN_TABLE.items() if _norm(kind) == want), None)
+
+
+#: The matrix peaks the table records, by dtype name.
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+def peak_flops_per_s(chip: Chip, dtype: str = "bf16") -> float:
+    """The chip's dense peak FLOP/s for ``dtype`` (``'bf16'``, ``'fp16'`` or ``'fp32'``).
+
+    Raises ``ValueError`` when the table has none (the T4 has no bf16; TPUs publish no
+    fp16), instead of lending another dtype's figure.
+
+    >>> peak_flops_per_s(get("t4"), "fp16") / 1e12
+    65.0
+    """
+    chip = as_chip(chip)
+    errors.check_choice("dtype", dtype, DTYPES)
+    peak = getattr(chip, f"peak_{dtype}_flops_per_s")
+    if peak is None:
+        others = [d for d in DTYPES if getattr(chip, f"peak_{d}_flops_per_s") is not None]
+        hint = (" (XLA computes bf16 in fp32 there)" if dtype == "bf16" and chip.kind == "gpu"
+                else "")
+        raise errors.CourseValueError(f"{chip.display_name} has no published {dtype} peak in "
+                         f"tpu_course.hardware{hint}; it has: {', '.join(others) or 'none'}")
+    return float(peak)
+
+
+def peak_flops_per_device(chip: Chip, dtype: str = "bf16") -> float:
+    """Peak FLOP/s of one JAX device: the chip's peak / ``devices_per_chip``.
+
+    On v2, v3 and 7x each TensorCore is its own JAX device, so a benchmark on one device
+    can reach at most half the chip's peak.
+
+    >>> peak_flops_per_device(get("7x")) / 1e12, peak_flops_per_device(get("v5p")) / 1e12
+    (1153.5, 459.0)
+    """
+    return peak_flops_per_s(chip, dtype) / chip.devices_per_chip
+
+
 def critical_intensity(chip: Chip, dtype: str = "bf16") -> float:
     """Peak FLOP/s divided by HBM bytes/s, in FLOP per byte (the roofline's ridge point).
 
@@ -415,28 +555,29 @@ def critical_intensity(chip: Chip, dtype: str = "bf16") -> float:
     a bf16 matmul of a B-token batch against a large weight this is also the smallest B
     that keeps the MXU busy (scaling book, roofline chapter: "about 240" on v5e).
 
-    >>> round(critical_intensity(get("v6e")))
-    560
+    >>> round(critical_intensity(get("v6e"))), round(critical_intensity(get("t4"), "fp16"))
+    (560, 203)
     """
-    chip = as_chip(chip)
-    errors.check_choice("dtype", dtype, ("bf16", "fp32"))
-    peak = chip.peak_bf16_flops_per_s if dtype == "bf16" else chip.peak_fp32_flops_per_s
-    if peak is None:
-        raise errors.CourseValueError(f"{chip.display_name} has no published {dtype} peak in the table")
-    return peak / chip.hbm_bytes_per_s
+    return peak_flops_per_s(as_chip(chip), dtype) / as_chip(chip).hbm_bytes_per_s
 
 
 def table(chip_names: list[str] | None = None) -> str:
     """A plain-text table of the main figures for ``chip_names`` (default: all rows).
 
-    >>> print(table(["v5e", "h100"]))
-    chip  bf16 TFLOP/s  HBM GB  HBM GB/s     MXUs  FLOP/byte
-    ----  ------------  ------  --------     ----  ---------
-    v5e            197      16       819  4 x 128        241
-    h100           989      80     3,350        -        295
+    HBM is printed in the unit its source uses; a chip without bf16 says so, and its
+    FLOP/byte is then the fp16 one, labelled. Notes on disputed figures follow the table.
+
+    >>> print(table(["v5e", "v5p", "t4"]))
+    chip  bf16 TFLOP/s     HBM  HBM GB/s     MXUs        FLOP/byte
+    ----  ------------     ---  --------     ----        ---------
+    v5e            197   16 GB       819  4 x 128              241
+    v5p            459  95 GiB     2,765  8 x 128              166
+    t4         no bf16   16 GB       320        -  203 (fp16 peak)
+    note: v5e HBM: Cloud pages have printed both 16 GB and 16 GiB; JAX stores 17.2e9 B (S1); this table keeps 16 GB (S5)
     """
-    rows = [("chip", "bf16 TFLOP/s", "HBM GB", "HBM GB/s", "MXUs", "FLOP/byte"),
-            ("----", "------------", "------", "--------", "----", "---------")]
+    rows = [("chip", "bf16 TFLOP/s", "HBM", "HBM GB/s", "MXUs", "FLOP/byte"),
+            ("----", "------------", "---", "--------", "----", "---------")]
+    notes = []
     if chip_names is not None and (not isinstance(chip_names, (list, tuple)) or not all(
             isinstance(n, str) for n in chip_names)):
         raise errors.CourseTypeError(f"chip_names={chip_names!r}: expected a list of chip names "
@@ -444,8 +585,16 @@ def table(chip_names: list[str] | None = None) -> str:
     for name in chip_names or names():
         c = get(name)
         mxu = f"{c.mxu_count} x {c.mxu_size}" if c.mxu_count else "-"
-        rows.append((c.name, f"{c.peak_bf16_flops_per_s / 1e12:,.0f}", f"{c.hbm_bytes / 1e9:,.0f}",
-                     f"{c.hbm_bytes_per_s / 1e9:,.0f}", mxu, f"{critical_intensity(c):,.0f}"))
+        if c.peak_bf16_flops_per_s is not None:
+            peak, ridge = f"{c.peak_bf16_flops_per_s / 1e12:,.0f}", f"{critical_intensity(c):,.0f}"
+        else:
+            peak = "no bf16"
+            ridge = (f"{critical_intensity(c, 'fp16'):,.0f} (fp16 peak)"
+                     if c.peak_fp16_flops_per_s is not None else "-")
+        rows.append((c.name, peak, c.hbm_label, f"{c.hbm_bytes_per_s / 1e9:,.0f}", mxu, ridge))
+        if "hbm_unit" in c.alt_values:
+            notes.append(f"note: {c.name} HBM: {c.alt_values['hbm_unit']}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in
-                               enumerate(zip(r, widths))).rstrip() for r in rows)
+    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in
+                       enumerate(zip(r, widths))).rstrip() for r in rows]
+    return "\n".join(lines + notes)

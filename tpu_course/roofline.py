@@ -93,14 +93,12 @@ def elementwise_intensity(flops_per_element: float = 1, inputs: int = 1, outputs
 
 def _peak(chip: hardware.Chip | str, dtype: str) -> float:
     chip = hardware.as_chip(chip)
-    errors.check_choice("dtype", dtype, ("bf16", "fp32"))
-    peak = chip.peak_bf16_flops_per_s if dtype == "bf16" else chip.peak_fp32_flops_per_s
-    if peak is None:
-        raise errors.CourseValueError(
-            f"{chip.display_name} has no published {dtype} peak in tpu_course.hardware; "
-            "use dtype='bf16' (TPUs run fp32 matmuls as several bf16 passes)."
-        )
-    return peak
+    try:
+        return hardware.peak_flops_per_s(chip, dtype)
+    except ValueError as err:
+        hint = (" TPUs publish bf16 peaks only (they run fp32 matmuls as several bf16 passes)."
+                if chip.kind == "tpu" else "")
+        raise errors.CourseValueError(f"{err}; pass one of those as dtype=.{hint}") from None
 
 
 def ridge_point(chip: hardware.Chip, dtype: str = "bf16") -> float:
@@ -205,8 +203,13 @@ def plot(chip: hardware.Chip, points: Iterable[Point | Sequence[Any]] = (), dtyp
     for p in pts:
         ax.loglog([p.intensity], [p.flops_per_s / 1e12], "o", ms=7,
                   mfc=None if p.measured else "none")
+        # vertical labels hanging below their point: neighbours a factor of 2 apart
+        # (matmul 1024, 2048, ... on the flat roof) no longer overlap
         ax.annotate(p.label, (p.intensity, p.flops_per_s / 1e12), textcoords="offset points",
-                    xytext=(5, -10), fontsize=8)
+                    xytext=(0, -8), fontsize=8, rotation=90, ha="center", va="top")
+    if pts:  # room below the lowest point for its hanging label (about a decade and a half)
+        low = min(p.flops_per_s for p in pts) / 1e12 / 10**1.6
+        ax.set_ylim(bottom=min(ax.get_ylim()[0], low))
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"Roofline of {chip.display_name}")

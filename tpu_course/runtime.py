@@ -290,8 +290,10 @@ def describe() -> Runtime:
             "tpu_course.runtime.simulate_devices() first."
         )
     if platform != "cpu" and chip is None:
+        why = hardware.missing_reason(first.device_kind)
         warnings.append(
-            f"{first.device_kind!r} is not in tpu_course.hardware: peak numbers are unknown."
+            f"{first.device_kind!r} is not in tpu_course.hardware: peak numbers are unknown"
+            + (f" ({why})." if why else ".")
         )
     return Runtime(
         platform=platform,

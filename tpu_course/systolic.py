@@ -141,7 +141,9 @@ class Frame:
     Arrays are ``rows x cols``; ``nan`` marks an empty register. ``held`` is the
     stationary operand (``"ws"``: weights; ``"is"``: inputs; ``"os"``: the
     accumulators; for ``"ws"``/``"is"`` a cell shows its latched shadow weight until the
-    fold's first activation reaches it and swaps it in), ``horizontal`` the operands moving right, ``vertical`` what moves down
+    fold's first activation reaches it and swaps it in, and ``nan`` before its column has
+    latched any weight: not yet loaded, which is not the same as a weight of 0),
+    ``horizontal`` the operands moving right, ``vertical`` what moves down
     (partial sums for ``"ws"``/``"is"``, ``b`` for ``"os"``), ``output`` the M x N result
     as written so far.
     """
@@ -616,6 +618,7 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
     if trace:
         slot_ok = np.zeros((R, C), bool)
         live = np.zeros((R, C), bool)   # cells whose active weight is in use
+        loaded = np.zeros((R, C), bool)  # cells that have latched a weight at all
         out_trace = np.zeros((T, nd), dt)
         out_seen = np.zeros((T, nd), bool)
     t = 0
@@ -687,6 +690,8 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
             if 0 <= j < C:
                 w_shadow[:, j] = chain[:, j]
                 latched[f] = latched[f] or j == 0
+                if trace:
+                    loaded[:, j] = True
         if loads and t - load_start[loads[0]] >= R + C - 2:
             loads.pop(0)
         if trace:
@@ -696,7 +701,8 @@ def _run_stationary(x: np.ndarray, s: np.ndarray, R: int, C: int, timing: str, t
                 if stream_start[f] >= 0:
                     u = t - stream_start[f] - np.arange(R)
                     slot_ok[:, 0] |= (u >= 0) & (u < T)
-            _ws_trace_step(frames, t, act, psum, np.where(live, w_active, w_shadow), slot_ok, bottom[t], stream_start,
+            shown = np.where(live, w_active, np.where(loaded, w_shadow, np.nan))  # nan: empty
+            _ws_trace_step(frames, t, act, psum, shown, slot_ok, bottom[t], stream_start,
                            folds, cu, T, R, C, timing, nkb, out_trace, out_seen, transpose_out)
         # -- observe the last result of the newest fold leaving the bottom-right cell
         last = nxt - 1
@@ -1195,8 +1201,8 @@ class AccessModel:
 
     machine: str
     n: int
-    reads: float   # operand reads from the machine's memory (registers / SRAM / DRAM)
-    writes: float  # result or partial-sum writes to memory
+    reads: float   # operand reads from the memory that feeds the multipliers
+    writes: float  # result or partial-sum writes to that memory
     macs: int
 
     @property
@@ -1205,31 +1211,47 @@ class AccessModel:
         return (self.reads + self.writes) / self.macs
 
 
-def memory_accesses_per_mac(n: int, machine: str, *, tile: int = 16, rows: int = 128,
+def memory_accesses_per_mac(n: int, machine: str, *, tile: int = 64, rows: int = 128,
                             cols: int = 128) -> AccessModel:
     """How many memory accesses each multiply-accumulate of an n x n x n matmul costs.
 
-    A deliberately small model of *where operands come from*, not a timing model:
+    A deliberately small model of *where operands come from*, not a timing model. It
+    counts accesses to the one memory that feeds the multipliers directly: for the CPU
+    its memory, for the GPU its shared memory (SMEM, read into registers), for the
+    systolic array its edge buffers (fed from VMEM). Registers are not counted, nor is
+    the tier below (HBM to SMEM or to VMEM): that traffic is the roofline's business
+    (chapter 4), and it is left out for all three machines alike.
 
     * ``"cpu"`` (von Neumann, one ALU): every MAC loads ``a[i,k]`` and ``b[k,j]`` and
-      loads and stores the running sum ``c[i,j]``: 4 accesses per MAC
-      (``2 n^3`` reads of operands, ``n^3`` reads and ``n^3`` writes of the sum).
-    * ``"gpu"`` (thousands of ALUs, each reading registers or shared memory): a thread
-      block stages ``tile x tile`` tiles of ``a`` and ``b`` in shared memory; each MAC
-      still reads both operands from shared memory (``2 n^3`` reads), the sum lives in a
-      register, and staging costs ``2 n^3 / tile`` global reads plus ``n^2`` writes.
-    * ``"systolic"``: operands are read once from the edge buffers each time the array
-      needs them and then pass cell to cell: weight-stationary reads each weight once
-      (``n^2``), streams each activation once per column tile (``n^2 ceil(n/cols)``),
-      and writes each partial sum once per row tile (``n^2 ceil(n/rows)``) -- the
-      ``timing="scalesim"`` traffic of :func:`simulate`.
+      loads and stores the running sum ``c[i,j]``: ``2 n^3`` reads of operands,
+      ``n^3`` reads and ``n^3`` writes of the sum: **4** per MAC.
+    * ``"gpu"``: a kernel keeps a ``tile x tile`` block of outputs in registers (a
+      warp's tile of tensor-core fragments: 64 x 64 in CUTLASS's SM80 examples, under a
+      128 x 128 thread-block tile in SMEM; NVIDIA/cutlass ``media/docs/efficient_gemm.md``
+      describes the hierarchy). Each step along ``k`` reads ``tile`` values of ``a`` and
+      ``tile`` of ``b`` from SMEM and does ``tile^2`` MACs with them, so each ``a[i,k]``
+      is read once per column tile and each ``b[k,j]`` once per row tile:
+      ``2 n^2 ceil(n/tile)`` reads; each ``c[i,j]`` is written once (``n^2``). Per MAC
+      about ``2/tile + 1/n``. ``tile=1`` (no register tiling: one thread per output)
+      gives the naive ``2 + 1/n``.
+    * ``"systolic"`` (weight-stationary ``rows x cols``): a weight is read once
+      (``n^2``), each activation once per column tile (``n^2 ceil(n/cols)``), and each
+      partial sum written once per row tile (``n^2 ceil(n/rows)``) -- exactly the
+      ``timing="scalesim"`` traffic that :func:`simulate` counts as it moves the values.
+      Per MAC ``(1 + ceil(n/cols) + ceil(n/rows)) / n``: ``2/128 + 1/n`` on a
+      128 x 128 array when ``n`` is a multiple of 128.
+
+    The GPU's reuse factor is a software choice bounded by its register file; the
+    systolic array's is its side, built into the wires.
 
     >>> round(memory_accesses_per_mac(1024, "cpu").per_mac, 2)
     4.0
-    >>> round(memory_accesses_per_mac(1024, "gpu").per_mac, 3)
-    2.126
-    >>> round(memory_accesses_per_mac(1024, "systolic").per_mac, 4)
-    0.0166
+    >>> memory_accesses_per_mac(1024, "gpu", tile=1).per_mac == 2 + 1 / 1024
+    True
+    >>> memory_accesses_per_mac(1024, "gpu").per_mac == 2 / 64 + 1 / 1024
+    True
+    >>> memory_accesses_per_mac(1024, "systolic").per_mac == 2 / 128 + 1 / 1024
+    True
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise _positive_int_error(n)(f"n must be a positive integer (the matmul size), got {n!r}")
@@ -1239,7 +1261,7 @@ def memory_accesses_per_mac(n: int, machine: str, *, tile: int = 16, rows: int =
     if machine == "cpu":
         return AccessModel("cpu", n, 3.0 * macs, 1.0 * macs, macs)
     if machine == "gpu":
-        return AccessModel("gpu", n, 2.0 * macs + 2.0 * macs / tile, float(n * n), macs)
+        return AccessModel("gpu", n, 2.0 * n * n * math.ceil(n / tile), float(n * n), macs)
     if machine == "systolic":
         reads = n * n + n * n * math.ceil(n / cols)
         return AccessModel("systolic", n, float(reads), float(n * n * math.ceil(n / rows)), macs)

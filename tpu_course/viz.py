@@ -78,6 +78,7 @@ def draw_frame(run: systolic.SystolicRun, index: int, ax: Any = None, show_outpu
     """Draw frame ``index`` of a traced run; returns the matplotlib figure.
 
     Each square is a cell. Big number: what the cell holds (the weight for ``"ws"``);
+    a grey dot on a hatched cell: nothing loaded yet (a real zero weight prints ``0``);
     blue, bottom left: the operand moving right; orange, bottom right: what moves down
     (the partial sum for ``"ws"``). Shaded cells did a multiply-accumulate this cycle.
     """
@@ -99,10 +100,16 @@ def draw_frame(run: systolic.SystolicRun, index: int, ax: Any = None, show_outpu
     busy = ~np.isnan(fr.horizontal) & (~np.isnan(fr.vertical) if run.dataflow == "os" else True)
     for k in range(R):
         for j in range(C):
+            empty = bool(np.isnan(fr.held[k, j]))
             ax.add_patch(Rectangle((j, R - 1 - k), 0.95, 0.95, facecolor="#dbeafe" if busy[k, j]
-                                   else "#f3f4f6", edgecolor="#374151"))
-            ax.text(j + 0.47, R - 1 - k + 0.55, _fmt(fr.held[k, j]), ha="center", va="center",
-                    fontsize=11, weight="bold")
+                                   else "#f3f4f6", edgecolor="#374151",
+                                   hatch="////" if empty else None))
+            if empty:  # not loaded yet: unlike a real zero weight, which prints "0"
+                ax.text(j + 0.47, R - 1 - k + 0.55, "\u00b7", ha="center", va="center",
+                        fontsize=14, color="#9ca3af")
+            else:
+                ax.text(j + 0.47, R - 1 - k + 0.55, _fmt(fr.held[k, j]), ha="center",
+                        va="center", fontsize=11, weight="bold")
             ax.text(j + 0.08, R - 1 - k + 0.12, _fmt(fr.horizontal[k, j]), fontsize=8,
                     color="#1d4ed8")
             ax.text(j + 0.88, R - 1 - k + 0.12, _fmt(fr.vertical[k, j]), fontsize=8,
@@ -141,8 +148,9 @@ def frame_strip(run: systolic.SystolicRun, cycles: Sequence[int] | None = None, 
     for ax in axes[len(picks):]:
         ax.axis("off")
     held_name, h_name, v_name = _NAMES[run.dataflow]
-    fig.suptitle(f"{run.rows}x{run.cols} {run.dataflow.upper()} array: bold {held_name}, "
-                 f"blue {h_name} (moving right), orange {v_name} (moving down)", fontsize=10)
+    fig.suptitle(f"{run.rows}x{run.cols} {run.dataflow.upper()} array: bold {held_name} "
+                 f"(hatched: none loaded yet; 0 is a real zero), blue {h_name} (moving "
+                 f"right), orange {v_name} (moving down)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -351,15 +359,23 @@ def plot_cycles_vs_size(sizes: Sequence[int], simulated: Sequence[int], rows: in
     return ax.figure
 
 
-def plot_accesses_per_mac(sizes: Sequence[int], ax: Any = None, **kwargs: Any) -> Any:
-    """Memory accesses per MAC on a CPU, a GPU and a systolic array (log scale)."""
+def plot_accesses_per_mac(sizes: Sequence[int], ax: Any = None, gpu_tiles: Sequence[int] = (1, 64),
+                          rows: int = 128, cols: int = 128) -> Any:
+    """Memory accesses per MAC on a CPU, a GPU (one curve per register tile in
+    ``gpu_tiles``) and a ``rows x cols`` systolic array (log scale); the model is
+    :func:`tpu_course.systolic.memory_accesses_per_mac`."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.6))
-    for machine, style in (("cpu", "s-"), ("gpu", "^-"), ("systolic", "o-")):
-        ax.plot(sizes, [systolic.memory_accesses_per_mac(n, machine, **kwargs).per_mac
-                        for n in sizes], style, label=machine)
+    curves = [("cpu", {}, "s-", "CPU (one ALU)")]
+    curves += [("gpu", {"tile": t}, "^-" if t == 1 else "v-",
+                f"GPU, {t}x{t} register tile" if t > 1 else "GPU, no register tiling")
+               for t in gpu_tiles]
+    curves.append(("systolic", {"rows": rows, "cols": cols}, "o-", f"systolic {rows}x{cols}"))
+    for machine, kw, style, label in curves:
+        ax.plot(sizes, [systolic.memory_accesses_per_mac(n, machine, **kw).per_mac
+                        for n in sizes], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("matrix size n (n x n @ n x n)")

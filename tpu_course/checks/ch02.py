@@ -34,16 +34,17 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], float
     name = "Exercise 4 (fraction of peak)"
     chip = hardware.get("v5e")
     flops, seconds = 2 * 8192**3, 0.01
-    want = flops / seconds / chip.peak_bf16_flops_per_s
+    peak = hardware.peak_flops_per_s(chip)
+    want = flops / seconds / peak
     got = fraction_of_peak(flops, seconds, "v5e")
     if np.isclose(got, want, rtol=1e-6):
-        return ok(name, f"{got:.3f} of the v5e's {chip.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s.")
+        return ok(name, f"{got:.3f} of the v5e's {peak / 1e12:.0f} TFLOP/s.")
     if np.isclose(got, 100 * want, rtol=1e-6):
         return fail(name, f"got {got:.1f}: that is a percentage; return a fraction ({want:.3f}).")
     if np.isclose(got, 1 / want, rtol=1e-6):
         return fail(name, f"got {got:.3f}, the inverse of the answer: divide achieved FLOP/s "
                           "(flops / seconds) by the peak.")
-    if np.isclose(got, flops * seconds / chip.peak_bf16_flops_per_s, rtol=1e-6):
+    if np.isclose(got, flops * seconds / peak, rtol=1e-6):
         return fail(name, "you multiplied by the time: achieved FLOP/s is flops / seconds.")
     return fail(name, f"for {flops:.3g} FLOPs in {seconds} s on a v5e expected {want:.3f}, got {got}. "
                       "Take the peak from tpu_course.hardware.get(chip).peak_bf16_flops_per_s.")

@@ -100,7 +100,7 @@ def check_bound(predicted: Any, intensity: float, chip: str = "v5e") -> CheckRes
         return fail(ex, f"answer 'memory' or 'compute', got {predicted!r}")
     ridge = roofline.ridge_point(spec)
     want = roofline.bound(intensity, spec)
-    why = (f"the ridge point is {spec.peak_bf16_flops_per_s / 1e12:,.0f} TFLOP/s / "
+    why = (f"the ridge point is {hardware.peak_flops_per_s(spec) / 1e12:,.0f} TFLOP/s / "
            f"{spec.hbm_bytes_per_s / 1e9:,.0f} GB/s = {ridge:,.0f} FLOP/byte, and "
            f"{intensity:,.1f} is {'below' if want == 'memory' else 'above'} it")
     if answer == want:
