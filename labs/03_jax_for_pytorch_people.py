@@ -143,7 +143,7 @@ predicted_compiles = NotWritten("Exercise 2 (predict the compilations)")
 # cache size):
 
 # %%
-checks.ch03.run_compile_quiz(show=True);
+compiles_per_call = checks.ch03.run_compile_quiz(show=True)
 
 # %%
 checks.ch03.check_compile_prediction(predicted_compiles)

@@ -149,7 +149,7 @@ predicted_compiles = 5
 # cache size):
 
 # %%
-checks.ch03.run_compile_quiz(show=True);
+compiles_per_call = checks.ch03.run_compile_quiz(show=True)
 
 # %%
 checks.ch03.check_compile_prediction(predicted_compiles)
