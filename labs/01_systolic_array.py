@@ -16,13 +16,16 @@
 # %% [markdown]
 # # Lab 1: The systolic array
 #
-# Four exercises on chapter 1's weight-stationary array. Each one ends with a check cell:
-# run it after your code; it says what is right, or what it expected and what the
-# mistake looks like.
+# Five exercises on chapter 1's weight-stationary array, **about 80 minutes** in all (the
+# plan below gives each one's time). One is code to write, two carry the chapter's ideas
+# to cases it did not show, and two ask for a prediction before the simulator answers.
+# Each ends with a check cell: it says what is right, or what is wrong with a hint;
+# `checks.reveal("Exercise 2")` shows the expected answer if you are stuck. The last cell
+# is your scorecard.
 #
 # Notation as in the chapter: C[M x N] = A[M x K] @ B[K x N] on an array of `R` rows and
-# `C` columns; cycles are numbered from 0; one cycle = every cell does at most one MAC
-# and every register passes its value one cell on.
+# `C` columns; `F` folds (tiles of B the array takes one after another), `T` vectors
+# streamed per fold; cycles are numbered from 0.
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -71,88 +74,141 @@ print(runtime.describe().banner())
 # %%
 import math
 
+import ml_dtypes
 import numpy as np
 
 from tpu_course import checks, systolic
 import tpu_course.checks.ch01
 from tpu_course.checks import NotWritten
 
-# %% [markdown]
-# ## Exercise 1: the weight-stationary schedule
-#
-# One fold on an `R x C` array with `timing="tpu"`: the weights load in cycles `0 .. R-1`,
-# then the rows of A stream in from the left, row `k` of the edge buffer starting `k`
-# cycles late, and partial sums flow down.
-#
-# Write `activation_arrives(i, k, j, rows, cols)`: the cycle at which activation
-# `a[i, k]` is in cell `(k, j)`; and `output_leaves(i, j, rows, cols)`: the cycle at the
-# end of which `c[i, j]` leaves the bottom of column `j`. The check reads the true
-# cycles off a traced simulation (`systolic.simulate(..., trace=True)`).
-
-# %%
-def activation_arrives(i, k, j, rows, cols):
-    raise NotImplementedError("Exercise 1 (weight-stationary schedule): write your code here")
-
-
-def output_leaves(i, j, rows, cols):
-    raise NotImplementedError("Exercise 1 (weight-stationary schedule): write your code here")
-
-
-# %%
-checks.ch01.check_schedule(activation_arrives, output_leaves)
+checks.ch01.LAB
 
 # %% [markdown]
-# ## Exercise 2: tile a large matmul onto a fixed array
+# ## Exercise 1: tile a large matmul onto a fixed array (25 min)
 #
 # The array holds at most `rows x cols` weights. Write `tiled_matmul(a, b, rows, cols,
 # sim)` that computes `a @ b` by calling `sim(a_tile, b_tile, rows, cols)` (it behaves
-# exactly like `systolic.simulate`) on tiles of `b` that fit the array, and reassembles
-# the results. Remember which tiles' partial sums belong to the same output.
+# exactly like `systolic.simulate` and returns a `SystolicRun`) on tiles of `b` that fit
+# the array, and reassembles the results. Remember which tiles' partial sums belong to
+# the same output.
 
 # %%
 def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
-    raise NotImplementedError("Exercise 2 (tile a large matmul): write your code here")
+    raise NotImplementedError("Exercise 1 (tile a large matmul): write your code here")
 
 
 # %%
 checks.ch01.check_tiled_matmul(tiled_matmul)
 
 # %% [markdown]
-# ## Exercise 3: predict before you simulate
+# ## Exercise 2: predict a GEMM on two arrays, then simulate (15 min)
 #
-# Write `predict(M, K, N, rows, cols)` returning `(cycles, utilisation)` for the
-# weight-stationary array with the default `timing="tpu"` (double-buffered weights:
-# each fold after the first starts `max(T, R)` cycles after the previous one, with
-# `T = M` rows streamed per fold). Utilisation is useful MACs / (cells x cycles). The
-# check compares with what `simulate` measures on a few shapes.
+# A layer multiplies A[200 x 384] by B[384 x 640] (`checks.ch01.GEMM`). TPU v5e has
+# 128x128 MXUs, v6e 256x256 ones. **Before simulating**, predict for each array the
+# cycles (`timing="tpu"`: only the first weight load is exposed, folds follow each other
+# `max(T, R)` cycles apart) and the utilisation (useful MACs / (cells x cycles)), and say
+# which array finishes first. Work it out by hand or with a few lines of arithmetic; do
+# not call `systolic` here. Predictions within 5 % pass.
 
 # %%
-def predict(M, K, N, rows, cols):
-    raise NotImplementedError("Exercise 3 (predict cycles and utilisation): write your code here")
-
+M2, K2, N2 = checks.ch01.GEMM
+# Exercise 2 (predict a GEMM on two arrays): write your code here
+def ws_cycles(M, K, N, R, C):
+    raise NotImplementedError("Exercise 2 (predict a GEMM on two arrays): write your code here")
+c128 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
+c256 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
+predicted_128 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
+predicted_256 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
+finishes_first = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
 
 # %%
-checks.ch01.check_prediction(predict)
+with checks.skip_if_not_written():
+    print(f"your prediction: 128x128 {predicted_128}, 256x256 {predicted_256}, "
+          f"first: {finishes_first}")
 
 # %% [markdown]
-# ## Exercise 4: bf16, answered with numbers
-#
-# (a) Add `1.0` to a running sum 1,000 times, keeping the running sum in bf16 (round it
-# to bf16 after every addition). What is the result?
-#
-# (b) How far is `1.0` from the next larger bf16 number?
-#
-# Compute both (with `ml_dtypes.bfloat16`, which comes with JAX), do not type them.
+# Now the simulator moves every value through both arrays:
 
 # %%
-import ml_dtypes
-
-sum_of_ones_bf16 = gap_above_one = None  # your two answers
-# Exercise 4 (bf16 with numbers): write your code here
-total = NotWritten("Exercise 4 (bf16 with numbers)")
-sum_of_ones_bf16 = NotWritten("Exercise 4 (bf16 with numbers)")
-gap_above_one = NotWritten("Exercise 4 (bf16 with numbers)")
+rng = np.random.default_rng(0)
+A2 = rng.integers(-2, 3, checks.ch01.GEMM[:2])
+B2 = rng.integers(-2, 3, checks.ch01.GEMM[1:])
+for side in (128, 256):
+    run = systolic.simulate(A2, B2, side, side)
+    print(f"{side}x{side}: {run.folds} folds, {run.cycles:,} cycles, "
+          f"utilisation {run.utilization:.3f}")
 
 # %%
-print(sum_of_ones_bf16, gap_above_one)
-checks.ch01.check_bf16(sum_of_ones_bf16, gap_above_one)
+checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
+
+# %% [markdown]
+# ## Exercise 3: the smallest batch that fills the array (15 min)
+#
+# A layer's weights B[K x N] sit in the array; the batch M streams through. The chapter
+# showed utilisation against a square size. Here the weights are fixed and you choose
+# the batch: write `smallest_batch(K, N, rows, cols)`, the smallest M at which the
+# weight-stationary array (`timing="tpu"`) is at least 90 % busy (wastes under 10 % of
+# its cell-cycles), or `None` when no batch gets there. Reason from the cycle model; the
+# checker tries a layer with many folds, one with a single fold, a v6e-sized array, and
+# one more.
+
+# %%
+def smallest_batch(K, N, rows, cols):
+    raise NotImplementedError("Exercise 3 (the smallest batch that fills the array): write your code here")
+
+
+# %%
+checks.ch01.check_smallest_batch(smallest_batch)
+
+# %% [markdown]
+# ## Exercise 4: choose the dataflow (15 min)
+#
+# The chapter ran the three dataflows on one small problem. Write `best_dataflow(M, K, N,
+# rows, cols)` returning `'ws'`, `'is'` or `'os'`: the one with the fewest cycles for this
+# shape (`timing="tpu"`). Derive it from what each dataflow keeps in the cells (the
+# chapter's table: which dimensions fill the rows and columns, which one streams), not by
+# running `systolic`. The cell after the check simulates your choice against the others.
+
+# %%
+def best_dataflow(M, K, N, rows, cols):
+    raise NotImplementedError("Exercise 4 (choose the dataflow): write your code here")
+
+
+# %%
+checks.ch01.check_best_dataflow(best_dataflow)
+
+# %%
+M4, K4, N4 = 96, 1000, 700
+a4, b4 = rng.integers(-2, 3, (M4, K4)), rng.integers(-2, 3, (K4, N4))
+with checks.skip_if_not_written():
+    choice = best_dataflow(M4, K4, N4, 128, 128)
+    for df in ("ws", "is", "os"):
+        r = systolic.simulate(a4, b4, 128, 128, dataflow=df)
+        mark = "  <- your choice" if df == choice else ""
+        print(f"{df}: {r.cycles:,} cycles, utilisation {r.utilization:.3f}{mark}")
+
+# %% [markdown]
+# ## Exercise 5: where does a bf16 sum stall? (10 min)
+#
+# The chapter's sum of ones in a bf16 accumulator stopped at 256. Now add 0.1 again and
+# again (`checks.ch01.STALL_TERM`) to a running sum kept in bf16. **Predict** the value at
+# which the sum stops growing, from the format alone (7 significand bits: the gap between
+# neighbouring bf16 numbers in [2^e, 2^(e+1)) is 2^(e-7); a sum rounds to the nearest
+# neighbour). Then the next cell computes it.
+
+# %%
+# Exercise 5 (where a bf16 sum stalls): write your code here
+predicted_stall = NotWritten("Exercise 5 (where a bf16 sum stalls)")
+
+# %%
+total = ml_dtypes.bfloat16(0)
+for _ in range(2000):
+    total = ml_dtypes.bfloat16(np.float32(total) + np.float32(checks.ch01.STALL_TERM))
+print("a bf16 running sum of 0.1, 2000 times:", float(total), "(exact: 200)")
+checks.ch01.check_stall(predicted_stall)
+
+# %% [markdown]
+# ## Scorecard
+
+# %%
+checks.ch01.LAB.scorecard(globals())

@@ -16,10 +16,13 @@
 # %% [markdown]
 # # Lab 2: measure a runtime yourself
 #
-# Four exercises, each followed by a checker cell that says whether your answer is right
-# and, if not, what it looks like you did. Fill in every `NotImplementedError`, then run
-# the checker below it. The checkers compare against the course's own harness on the
-# runtime you are on, so they work on a TPU, a GPU and a CPU.
+# Six exercises, **about 60 minutes** in all (the plan below gives each one's time): count
+# a matmul's work, time a call the right way, measure the host-to-device link, predict a
+# copy before timing it, and find where this chip's matmuls reach half its peak. Each
+# ends with a check cell that says what is right, or what is wrong with a hint;
+# `checks.reveal("Exercise 3")` shows the expected answer if you are stuck. The checks
+# measure on the runtime you are on (TPU, GPU or CPU); the last exercise needs an
+# accelerator and is skipped on a CPU. The last cell is your scorecard.
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -68,13 +71,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_course import hardware, runtime
-from tpu_course.checks import ch02
+from tpu_course import checks, hardware, runtime
+from tpu_course.checks import NotWritten, ch02
 
 print(runtime.describe().banner())
+ch02.LAB
 
 # %% [markdown]
-# ## Exercise 1: count the FLOPs of a matmul
+# ## Exercise 1: count the FLOPs of a matmul (5 min)
 # Write `matmul_flops(m, k, n)`: the floating-point operations of an (m x k) @ (k x n)
 # matrix product. Every output element c[i, j] is a sum over k of products.
 
@@ -86,10 +90,12 @@ def matmul_flops(m: int, k: int, n: int) -> int:
 ch02.check_matmul_flops(matmul_flops)
 
 # %% [markdown]
-# ## Exercise 2: time a call correctly
+# ## Exercise 2: time a call correctly (15 min)
 # Write `time_call(fn, *args)` returning the seconds one call of the jitted `fn` takes.
-# Remember the two traps of the chapter: the first call compiles, and a call returns
-# before the device has finished (the result may be a tuple or a dict of arrays).
+# Remember the traps of the chapter: the first call compiles, a call returns before the
+# device has finished (and the result may be a tuple or a dict of arrays), and one
+# sample is not a measurement. The checker hands your function an instrumented `fn` that
+# records what your timer did.
 
 # %%
 def time_call(fn, *args, repeats: int = 5) -> float:
@@ -99,9 +105,10 @@ def time_call(fn, *args, repeats: int = 5) -> float:
 ch02.check_time_call(time_call)
 
 # %% [markdown]
-# ## Exercise 3: host-to-device bandwidth
-# Write `h2d_bandwidth(host_array)`: copy a NumPy array to the default device and return
-# the bandwidth in **bytes per second**. Take the median of a few copies.
+# ## Exercise 3: host-to-device bandwidth (10 min)
+# Write `h2d_bandwidth(host_array)`: copy a NumPy array to the default device with
+# `jax.device_put` and return the bandwidth in **bytes per second**. Warm up with one
+# copy, then take the median of a few. The checker records the copies your code makes.
 
 # %%
 def h2d_bandwidth(host_array: np.ndarray, repeats: int = 5) -> float:
@@ -110,31 +117,77 @@ def h2d_bandwidth(host_array: np.ndarray, repeats: int = 5) -> float:
 
 ch02.check_h2d_bandwidth(h2d_bandwidth)
 
+# %% tags=["nbval-ignore-output"]
+with checks.skip_if_not_written():
+    bandwidth = h2d_bandwidth(np.ones(ch02.BANDWIDTH_SHAPE, np.float32))
+    print(f"host -> {runtime.describe().platform.upper()}: {bandwidth / 1e9:.2f} GB/s on a "
+          f"{np.prod(ch02.BANDWIDTH_SHAPE) * 4 / 2**20:.0f} MiB array")
+
 # %% [markdown]
-# ## Exercise 4: how close to the peak?
+# ## Exercise 4: predict a copy, then time it (10 min)
+# **Before timing it**, predict from the bandwidth you just measured how many seconds it
+# takes to copy a float32 array of shape `ch02.COPY_SHAPE` (8192 x 8192) to the device;
+# assign it to `predicted_copy_s`. The check then copies it and passes within a factor
+# of 3 (a busy machine's copies vary that much; the usual mistakes are off by 4, 8 or
+# 1000).
+
+# %%
+# Exercise 4 (predict a copy): write your code here
+copy_bytes = NotWritten("Exercise 4 (predict a copy)")
+predicted_copy_s = NotWritten("Exercise 4 (predict a copy)")
+
+# %% tags=["nbval-ignore-output"]
+with checks.skip_if_not_written():
+    print(f"you predict {predicted_copy_s * 1e3:.1f} ms")
+
+# %% tags=["nbval-ignore-output"]
+ch02.check_copy_prediction(predicted_copy_s)
+
+# %% [markdown]
+# ## Exercise 5: how close to the peak? (5 min)
 # Write `fraction_of_peak(flops, seconds, chip)` for a chip name of the hardware table
 # (`'v5e'`, `'v6e'`, `'h100'`, ...): achieved FLOP/s divided by the chip's dense bf16 peak,
 # as a fraction between 0 and 1. Take the peak from `tpu_course.hardware`, never type it.
 
 # %%
 def fraction_of_peak(flops: float, seconds: float, chip: str) -> float:
-    raise NotImplementedError("Exercise 4 (fraction of peak): write your code here")
+    raise NotImplementedError("Exercise 5 (fraction of peak): write your code here")
 
 
 ch02.check_fraction_of_peak(fraction_of_peak)
 
 # %% [markdown]
-# ## Putting it together
-# Your own timer and FLOP count on a matmul of this runtime. On a CPU there is no peak in
-# the table, and the number is a CPU number, not a TPU one.
+# ## Exercise 6: where does this chip reach half its peak? (15 min)
+# A small matmul cannot keep the matrix units busy: the chapter showed one size. Sweep
+# square bf16 matmuls `n = 256, 512, ..., 8192` with your `time_call` and `matmul_flops`,
+# and set `half_peak_n` to the first `n` whose FLOP/s reach half the chip's bf16 peak
+# (`ch02.bf16_peak(runtime.describe().chip)`), or `None` if none does. On a CPU there is
+# no peak in the table: the cell sweeps small float32 sizes and compares with the best
+# rate it saw instead, and the check is skipped (it needs an accelerator).
 
 # %% tags=["nbval-ignore-output"]
 rt = runtime.describe()
-size = 1024 if rt.platform == "cpu" else 8192
-dtype = jnp.float32 if rt.platform == "cpu" else jnp.bfloat16
-a = jnp.ones((size, size), dtype)
-seconds = time_call(jax.jit(jnp.matmul), a, a)
-rate = matmul_flops(size, size, size) / seconds
-print(f"{size}^3 {jnp.dtype(dtype).name} matmul: {seconds * 1e3:.2f} ms, {rate / 1e12:.3f} TFLOP/s on {rt.device_kind}")
-if rt.chip:
-    print(f"= {fraction_of_peak(matmul_flops(size, size, size), seconds, rt.chip.name):.0%} of peak")
+peak = ch02.bf16_peak(rt.chip)
+on_chip = rt.platform != "cpu" and peak is not None
+sizes = [256, 512, 1024, 2048, 4096, 8192] if on_chip else [128, 256, 512]
+dtype = jnp.bfloat16 if on_chip else jnp.float32
+# Exercise 6 (where this chip reaches half its peak): write your code here
+rates = NotWritten("Exercise 6 (where this chip reaches half its peak)")
+reference = NotWritten("Exercise 6 (where this chip reaches half its peak)")
+half_peak_n = NotWritten("Exercise 6 (where this chip reaches half its peak)")
+
+# %% tags=["nbval-ignore-output"]
+with checks.skip_if_not_written():
+    against = "of the chip's bf16 peak" if on_chip else "of the best rate measured here (CPU)"
+    for n, r in rates.items():
+        print(f"n={n:5d}: {r / 1e12:8.3f} TFLOP/s = {r / reference:5.0%} {against}")
+    print("half_peak_n =", half_peak_n)
+
+# %% tags=["nbval-ignore-output"]
+ch02.check_half_peak(half_peak_n)
+
+# %% [markdown]
+# ## Scorecard
+
+# %%
+ch02.LAB.scorecard(globals())

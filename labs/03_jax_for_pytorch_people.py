@@ -16,17 +16,20 @@
 # %% [markdown]
 # # Lab 3: JAX for PyTorch people
 #
-# Four exercises, each about a PyTorch habit that breaks in JAX:
+# Five exercises, **about 80 minutes** in all (the plan below gives each one's time), each
+# about a PyTorch habit that breaks or changes in JAX:
 #
 # 1. make a gradient-clipping update run under `jax.jit`;
-# 2. stop a function recompiling for every batch size;
-# 3. compute per-example gradients with `vmap`;
-# 4. port a small PyTorch training step (a CNN, cross-entropy, SGD) to JAX and Optax, and
+# 2. predict how many times a jitted function compiles, then count;
+# 3. find why an update recompiles on every step, and fix it;
+# 4. per-example gradient norms of an MLP with `vmap(grad)` (the first step of
+#    per-example clipping);
+# 5. port a small PyTorch training step (a CNN, cross-entropy, SGD) to JAX and Optax, and
 #    prove with the parity harness that it matches PyTorch layer by layer.
 #
-# Write your code where a cell raises `NotImplementedError`, then run the check cell
-# below it. A failed check says what it expected, what came back and what the mistake
-# looks like. Chapter 3's notebook covers everything used here.
+# Write your code where a cell says so, then run the check cell below it. A failed check
+# says what is wrong and gives a hint; `checks.reveal("Exercise 2")` shows the expected
+# answer if you are stuck. The last cell is your scorecard.
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -80,9 +83,12 @@ import optax
 
 from tpu_course import checks, parity
 import tpu_course.checks.ch03  # noqa: F401  (loads checks.ch03)
+from tpu_course.checks import NotWritten
+
+checks.ch03.LAB
 
 # %% [markdown]
-# ## Exercise 1: make it `jit`
+# ## Exercise 1: make it `jit` (10 min)
 #
 # A PyTorch training loop clips the gradient when its norm is too large:
 #
@@ -111,41 +117,94 @@ def clipped_update(w, g, max_norm):
 checks.ch03.check_jit_fix(clipped_update)
 
 # %% [markdown]
-# ## Exercise 2: no recompilation for the last, smaller batch
+# ## Exercise 2: predict the compilations (10 min)
 #
-# A data loader hands out batches of 32 and then a smaller last batch, whose size
-# depends on the dataset. Each new batch size is a new shape, and each new shape is a
-# compilation. Write `bucketed(fn, x, buckets)`: pad `x` (rows along axis 0) with zero
-# rows up to the smallest bucket that holds it, call the jitted `fn`, and return only the
-# real rows. The checker feeds 11 batches of 8 different sizes and counts the
-# compilations with JAX's own count (`fn._cache_size()`): at most one per bucket.
+# `f = jax.jit(lambda x, scale: x * scale)` is called seven times, in this order:
+#
+# ```python
+# f(jnp.ones(8), 2.0)
+# f(jnp.ones(8), 3.0)
+# f(jnp.ones(16), 2.0)
+# f(jnp.ones(8, jnp.int32), 2.0)
+# f(jnp.ones(8), 2)
+# f(jnp.ones((2, 4)), 2.0)
+# f(jnp.ones(8), 5.0)
+# ```
+#
+# **Before running them**, predict how many times `f` compiles (the chapter: what is the
+# cache key of a jitted function?) and assign it to `predicted_compiles`.
 
 # %%
-def bucketed(fn, x, buckets=checks.ch03.BUCKETS):
-    raise NotImplementedError("Exercise 2 (no recompilation): write your code here")
-
-
-# %%
-checks.ch03.check_bucketing(bucketed)
+# Exercise 2 (predict the compilations): write your code here
+predicted_compiles = NotWritten("Exercise 2 (predict the compilations)")
 
 # %% [markdown]
-# ## Exercise 3: per-example gradients
-#
-# For a linear model with the loss `0.5 * (x . w - y)**2` on one example, return the
-# gradient with respect to `w` for **every** example of a batch `X` (n, d), `Y` (n,):
-# an array (n, d). PyTorch's `backward()` only gives the sum over the batch. Write the
-# loss for one example, take its `jax.grad`, and `jax.vmap` it over the examples.
+# Now run them on a fresh `jax.jit` and count with JAX's own count (the function's
+# cache size):
 
 # %%
-def per_example_grads(w, X, Y):
-    raise NotImplementedError("Exercise 3 (per-example gradients): write your code here")
-
+compiles_per_call = checks.ch03.run_compile_quiz(show=True)
 
 # %%
-checks.ch03.check_per_example_grads(per_example_grads)
+checks.ch03.check_compile_prediction(predicted_compiles)
 
 # %% [markdown]
-# ## Exercise 4: port a PyTorch training step and prove parity
+# ## Exercise 3: find the recompilation (15 min)
+#
+# A training loop decays its learning rate by half every 100 steps. Someone wrote the
+# update below, and the step takes as long as a compile, every step. Find why (print
+# `update_slow._cache_size()` after a few calls), then write `update_fixed(w, g, lr,
+# step)`: the same update, jitted, compiling once for every step of a run. The checker
+# calls it at ten steps between 0 and 1000 and counts its compiled versions.
+
+# %%
+import functools
+
+
+@functools.partial(jax.jit, static_argnames=("lr", "step"))
+def update_slow(w, g, lr, step):
+    lr_t = lr * 0.5 ** (step // checks.ch03.HALVING)
+    return w - lr_t * g
+
+
+for step in range(5):
+    update_slow(jnp.ones(4), jnp.ones(4), 0.1, step)
+print("update_slow holds", update_slow._cache_size(), "compiled versions after 5 steps")
+
+# %%
+# Exercise 3 (find the recompilation): write your code here
+def update_fixed(w, g, lr, step):
+    raise NotImplementedError("Exercise 3 (find the recompilation): write your code here")
+
+
+# %%
+checks.ch03.check_recompile_fix(update_fixed)
+
+# %% [markdown]
+# ## Exercise 4: per-example gradient norms (15 min)
+#
+# Differentially private training (DP-SGD) clips each example's gradient before
+# averaging, so it needs every example's gradient norm; PyTorch's `backward()` gives
+# only the batch's sum. The chapter's `vmap` example was a linear model; here the model is
+# a two-layer MLP whose parameters are a dict (`checks.ch03.mlp_loss(params, x, y)`, the
+# loss of ONE example). Write `per_example_grad_norms(params, X, Y)`: for a batch `X` (n,
+# 3), `Y` (n, 2), return an array (n,) holding the global L2 norm of each example's
+# gradient (over all four parameter arrays together).
+
+# %%
+def per_example_grad_norms(params, X, Y):
+    raise NotImplementedError("Exercise 4 (per-example gradient norms): write your code here")
+
+
+# %%
+checks.ch03.check_per_example_norms(per_example_grad_norms)
+
+# %% [markdown]
+# With the norms, per-example clipping is one more line: scale each example's gradient
+# by `min(1, C / norm)` before the mean.
+
+# %% [markdown]
+# ## Exercise 5: port a PyTorch training step and prove parity (30 min)
 #
 # The PyTorch original (its outputs are stored in `tpu_course/reference/`; with torch
 # installed, the checker runs it live instead):
@@ -190,19 +249,19 @@ optimizer = optax.sgd(0.1)
 
 
 def convert_params(state_dict):
-    raise NotImplementedError("Exercise 4a (convert the weights): write your code here")
+    raise NotImplementedError("Exercise 5a (convert the weights): write your code here")
 
 
 def forward(params, x):
-    raise NotImplementedError("Exercise 4b (the forward pass): write your code here")
+    raise NotImplementedError("Exercise 5b (the forward pass): write your code here")
 
 
 def loss_fn(params, x, y):
-    raise NotImplementedError("Exercise 4c (the loss): write your code here")
+    raise NotImplementedError("Exercise 5c (the loss): write your code here")
 
 
 def train_step(params, opt_state, x, y):
-    raise NotImplementedError("Exercise 4d (one optimizer step): write your code here")
+    raise NotImplementedError("Exercise 5d (one optimizer step): write your code here")
 
 
 # %%
@@ -213,12 +272,13 @@ checks.ch03.check_port(convert_params, forward, loss_fn, train_step, optimizer)
 # digits vary from machine to machine):
 
 # %% tags=["nbval-ignore-output"]
-params = convert_params(ref.torch_state_dict)
-x = jnp.asarray(parity.nchw_to_nhwc(ref["input/x"]))
-y = jnp.asarray(ref["input/y"])
-parity.compare(ref.expected, parity.jax_trace(
-    params, x, y, forward=forward, loss_fn=loss_fn,
-    step=lambda p, x, y: train_step(p, optimizer.init(p), x, y)[0]))
+with checks.skip_if_not_written():
+    params = convert_params(ref.torch_state_dict)
+    x = jnp.asarray(parity.nchw_to_nhwc(ref["input/x"]))
+    y = jnp.asarray(ref["input/y"])
+    display(parity.compare(ref.expected, parity.jax_trace(
+        params, x, y, forward=forward, loss_fn=loss_fn,
+        step=lambda p, x, y: train_step(p, optimizer.init(p), x, y)[0])))
 
 # %% [markdown]
 # ## Going further
@@ -231,3 +291,9 @@ parity.compare(ref.expected, parity.jax_trace(
 #   compare gradients, not just the step.
 # * On a TPU, run the parity check with `precision=None` in `parity.jax_trace` and read
 #   which layer fails first, and by how much.
+
+# %% [markdown]
+# ## Scorecard
+
+# %%
+checks.ch03.LAB.scorecard(globals())

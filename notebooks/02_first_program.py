@@ -66,9 +66,8 @@ setup_course()
 # %% [markdown]
 # ## 1. Which runtime am I on?
 #
-# `runtime.describe()` asks JAX what its default backend is and maps the device kind it
-# reports to a row of the course's hardware table. Every notebook prints this banner, so
-# every output below it can be traced to the machine that made it.
+# Every notebook of the course starts with this banner, so that every output below it
+# can be traced to the machine that made it:
 
 # %%
 from tpu_course import runtime
@@ -76,12 +75,53 @@ from tpu_course import runtime
 rt = runtime.describe()
 print(rt.banner())
 
+# %% [markdown]
+# The banner is a summary of what JAX itself reports. Ask JAX directly: `jax.devices()`
+# lists the devices of the default backend (TPU, GPU or CPU), `jax.device_count()` counts
+# them, and each device says what it is in `device_kind`. On a TPU v5e-1 you would see one
+# `TpuDevice` whose kind is `'TPU v5 lite'`; on an old v2-8 runtime eight devices, one per
+# TensorCore; here, whatever this runtime is.
+
+# %% tags=["nbval-ignore-output"]
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+print("backend:", jax.default_backend())
+print("devices:", jax.devices())
+print("device_count:", jax.device_count(), " local:", jax.local_device_count(),
+      " processes:", jax.process_count())
+device = jax.devices()[0]
+print(f"device 0: platform={device.platform!r} kind={device.device_kind!r} id={device.id}")
+
+# %% [markdown]
+# Data starts on the host as a NumPy array. `jax.device_put` copies it to a device (the
+# first one unless you name another) and returns a `jax.Array`; the array knows where it
+# lives: `.devices()` is the set of devices holding a piece of it, and `.sharding` says
+# how it is laid out across them (one device holds all of it here; chapter 6 splits
+# arrays over many).
+
+# %% tags=["nbval-ignore-output"]
+host = np.arange(12, dtype=np.float32).reshape(3, 4)
+on_device = jax.device_put(host, device)
+print(type(host).__name__, "->", type(on_device).__name__, on_device.shape, on_device.dtype)
+print("devices():", on_device.devices())
+print("sharding: ", on_device.sharding)
+doubled = on_device * 2  # computed where the input lives
+print("result lives on", doubled.devices(), "| back on the host:", np.asarray(doubled)[0])
+
+# %% [markdown]
+# `runtime.describe()`, used for the banner, gathers exactly these facts (platform,
+# device kind, device and process counts) and maps the device kind to a row of the
+# course's hardware table:
+
 # %% tags=["nbval-ignore-output"]
 # The same facts field by field (they differ from runtime to runtime, so nbval skips them)
 print(f"platform={rt.platform!r} device_kind={rt.device_kind!r} devices={rt.device_count} "
       f"processes={rt.process_count} generation={rt.generation!r} host={rt.host!r}")
 print(rt.chip.summary() if rt.chip else "No accelerator in the hardware table: this is "
       "a CPU (or an unknown chip), so there is no peak to compare against.")
+assert rt.device_count == jax.device_count() and rt.device_kind == device.device_kind
 
 # %% [markdown]
 # The hardware table carries one row per accelerator, every number with its source
@@ -99,7 +139,7 @@ print(hardware.table())
 #
 # | where | what you get | how |
 # | --- | --- | --- |
-# | Colab | one TPU chip (the generation varies: v2-8 on older runtimes, v5e-1 or v6e-1 now) | Runtime > Change runtime type > TPU |
+# | Colab | the free TPU runtime is a **v5e-1**: one chip, one JAX device. The older "TPU v2" runtime is a **v2-8**: 4 chips with 2 TensorCores each, which JAX shows as **8 devices** (one per TensorCore) | Runtime > Change runtime type > TPU |
 # | Kaggle | a TPU v5e-8 (8 chips, one host), weekly quota | Notebook settings > Accelerator > TPU |
 # | Cloud TPU VM | any slice you pay for, from 1 chip to a pod | `gcloud`, below |
 #
@@ -179,9 +219,6 @@ sweep.plot();
 # %%
 import time
 
-import jax
-import jax.numpy as jnp
-
 
 @jax.jit
 def chain(x):
@@ -216,6 +253,17 @@ print(f"a timer without block_until_ready would report {dispatched / finished:.1
 # %%
 from tpu_course import bench
 
+
+def bf16_matrix_peak(chip):
+    """The chip's dense bf16 peak in FLOP/s, or None: no chip in the table, or a chip with
+    no bf16 matrix units (a T4: its table entry has no bf16 peak)."""
+    return None if chip is None else getattr(chip, "peak_bf16_flops_per_s", None)
+
+
+# bf16 matrix units arrived with NVIDIA's compute capability 8.0 (A100); a T4 is 7.5
+compute_capability = float(getattr(device, "compute_capability", 0) or 0)
+bf16_emulated = rt.platform == "gpu" and (bf16_matrix_peak(rt.chip) is None
+                                          or 0 < compute_capability < 8.0)
 if rt.platform == "cpu":
     size, dtype = 1024, jnp.float32  # keep a CPU run short
 else:
@@ -223,24 +271,38 @@ else:
 a = jax.random.normal(jax.random.key(1), (size, size), dtype)
 b = jax.random.normal(jax.random.key(2), (size, size), dtype)
 matmul = jax.jit(jnp.matmul)
-result = bench.benchmark(matmul, a, b, repeats=10, min_time=0.5, warn=False)
+result = bench.benchmark(matmul, a, b, repeats=10, min_time=0.5, warn=False,
+                         peak="fp32" if bf16_emulated else "bf16")
 print(f"{size} x {size} x {size} {jnp.dtype(dtype).name} matmul: XLA counts "
       f"{result.flops:.4g} FLOPs = 2*{size}^3: {result.flops == 2 * size**3}")
 
 # %% tags=["nbval-ignore-output"]
 result
 
+# %% [markdown]
+# On a T4 (Colab's free GPU) there are no bf16 matrix units: XLA computes a bf16 matmul
+# in float32 on the CUDA cores (converting the inputs), so the cell below compares it with
+# the T4's fp32 peak, not with a bf16 (or fp16 tensor-core) figure it cannot reach.
+
 # %% tags=["nbval-ignore-output"]
+if bf16_emulated:
+    print(f"{rt.device_kind}: no bf16 matrix units, so bf16 is emulated (computed in fp32); "
+          "compared with the fp32 peak.")
 if result.fraction_of_peak is not None:
     print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s = {result.fraction_of_peak:.0%} of "
           f"{hardware.get(result.chip).display_name}'s {result.peak_name} peak")
-else:
+elif rt.platform == "cpu":
     print(f"{result.flops_per_s / 1e9:.1f} GFLOP/s on {rt.device_kind}: a CPU timing, with no "
           "TPU peak to compare against; run this notebook on a TPU runtime to see one.")
+else:
+    print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s on {rt.device_kind}: the hardware table "
+          "has no peak for this chip and dtype to compare against.")
 
 # %% [markdown]
 # ## Takeaways
-# - Print the runtime first: every number in a notebook belongs to a machine.
+# - Print the runtime first: every number in a notebook belongs to a machine. JAX's own
+#   view is `jax.devices()`, `device.device_kind` and, for an array, `.devices()` and
+#   `.sharding`; `runtime.describe()` sums them up.
 # - Data lives on the host until `device_put`; keep it on the device and move as little
 #   as possible across the host link.
 # - JAX dispatches asynchronously: a timer must wait with `block_until_ready` on the whole

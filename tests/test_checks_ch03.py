@@ -52,75 +52,105 @@ def test_jit_fix_names_the_python_if():
 
 def test_jit_fix_rejects_clipping_always():
     r = ch03.check_jit_fix(clipped_always)
-    assert not r and "exceeds max_norm" in r.message
+    assert not r and "exceeds max_norm" in r.hint and "expected" not in r.message
 
 
-# ---------------------------------------------------------- Exercise 2: recompilation
-
-def bucketed_good(fn, x, buckets=ch03.BUCKETS):
-    n = x.shape[0]
-    size = next(b for b in buckets if b >= n)
-    out = fn(jnp.pad(x, ((0, size - n), (0, 0))))
-    return out[:n]
+# ------------------------------------------------------------ Exercise 2: prediction
 
 
-def bucketed_none(fn, x, buckets=ch03.BUCKETS):
-    return fn(x)
+def test_compile_quiz_counts_with_jax_and_grades_the_prediction():
+    added = ch03.run_compile_quiz()
+    assert added[0] == 1 and added[1] == 0 and added[-1] == 0  # a new value is cached
+    want = sum(added)
+    assert ch03.check_compile_prediction(want)
+    r = ch03.check_compile_prediction(len(ch03.COMPILE_QUIZ))  # "every call compiles"
+    assert not r and "VALUE" in r.hint and r.answer
+    r = ch03.check_compile_prediction(1)  # "jit compiles once"
+    assert not r and "shape AND dtype" in r.hint and str(want) not in r.message
+    assert not ch03.check_compile_prediction(str(want))
+    assert not ch03.check_compile_prediction(None)
 
 
-def bucketed_no_slice(fn, x, buckets=ch03.BUCKETS):
-    n = x.shape[0]
-    size = next(b for b in buckets if b >= n)
-    return fn(jnp.pad(x, ((0, size - n), (0, 0))))
+# -------------------------------------------------------- Exercise 3: the planted cause
 
 
-def bucketed_pad_front(fn, x, buckets=ch03.BUCKETS):
-    n = x.shape[0]
-    size = next(b for b in buckets if b >= n)
-    return fn(jnp.pad(x, ((size - n, 0), (0, 0))))[:n]
+def test_recompile_fix_accepts_a_traced_schedule():
+    import functools
+
+    import jax
+
+    @jax.jit
+    def good(w, g, lr, step):
+        return w - lr * 0.5 ** (step // ch03.HALVING) * g
+    assert ch03.check_recompile_fix(good)
+
+    @functools.partial(jax.jit, static_argnames=("lr", "step"))
+    def planted(w, g, lr, step):
+        return w - lr * 0.5 ** (step // ch03.HALVING) * g
+    r = ch03.check_recompile_fix(planted)
+    assert not r and "compiled versions" in r.message and "static" in r.hint
+
+    @jax.jit
+    def no_decay(w, g, lr, step):
+        return w - lr * g
+    r = ch03.check_recompile_fix(no_decay)
+    assert not r and "differs" in r.message
+
+    def not_jitted(w, g, lr, step):
+        return w - lr * 0.5 ** (step // ch03.HALVING) * g
+    r = ch03.check_recompile_fix(not_jitted)
+    assert not r and "not a jitted" in r.message
+
+    def stub(w, g, lr, step):
+        raise NotImplementedError("Exercise 3: write your code here")
+    assert ch03.check_recompile_fix(stub).status == "not written"
 
 
-def test_bucketing_accepts_padding_and_counts_from_jax():
-    r = ch03.check_bucketing(bucketed_good)
-    assert r, r.message
-    assert "3 compilations" in r.message
+# ------------------------------------------------------ Exercise 4: per-example norms
 
 
-def test_bucketing_reports_the_real_compile_count():
-    r = ch03.check_bucketing(bucketed_none)
-    n_shapes = len(set(ch03.RAGGED_SIZES))
-    assert not r and f"compiled {n_shapes} times" in r.message
+def norms_good(params, X, Y):
+    import jax
+    import jax.numpy as jnp
+
+    grads = jax.vmap(jax.grad(ch03.mlp_loss), in_axes=(None, 0, 0))(params, X, Y)
+    return jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1)
+                        for g in jax.tree.leaves(grads)))
 
 
-def test_bucketing_rejects_unsliced_and_misplaced_padding():
-    assert "slice" in ch03.check_bucketing(bucketed_no_slice).message
-    r = ch03.check_bucketing(bucketed_pad_front)
-    assert not r and "wrong values" in r.message
+def test_per_example_norms_accepts_vmap_of_grad():
+    assert ch03.check_per_example_norms(norms_good)
 
 
-# ------------------------------------------------------ Exercise 3: per-example grads
+def test_per_example_norms_names_mistakes():
+    import jax
+    import jax.numpy as jnp
 
-def example_loss(w, x, y):
-    return 0.5 * (x @ w - y) ** 2
+    def batch_norm(params, X, Y):
+        g = jax.grad(lambda p: jax.vmap(ch03.mlp_loss, (None, 0, 0))(p, X, Y).mean())(params)
+        return jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(g)))
+    r = ch03.check_per_example_norms(batch_norm)
+    assert not r and "one number for the whole batch" in r.hint
+
+    r = ch03.check_per_example_norms(lambda p, X, Y: norms_good(p, X, Y) ** 2)
+    assert not r and "squared" in r.message
+
+    def weights_only(params, X, Y):
+        grads = jax.vmap(jax.grad(ch03.mlp_loss), in_axes=(None, 0, 0))(params, X, Y)
+        return jnp.sqrt(sum(jnp.sum(grads[k].reshape(len(X), -1) ** 2, axis=1)
+                            for k in ("w1", "w2")))
+    r = ch03.check_per_example_norms(weights_only)
+    assert not r and "missing" in r.message
+
+    r = ch03.check_per_example_norms(
+        lambda p, X, Y: jax.vmap(jax.grad(ch03.mlp_loss), in_axes=(None, 0, 0))(p, X, Y))
+    assert not r and "dict" in r.message
+    assert not ch03.check_per_example_norms(lambda p, X, Y: "1.0")
 
 
-def peg_good(w, X, Y):
-    return jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0))(w, X, Y)
+def test_scorecard_of_an_empty_namespace():
+    assert ch03.LAB.scorecard({}).total() == "Lab 3: 0 of 5 passed"
 
-
-def peg_batch(w, X, Y):
-    return jax.grad(lambda w: jnp.sum(jax.vmap(example_loss, (None, 0, 0))(w, X, Y)))(w)
-
-
-def test_per_example_grads():
-    assert ch03.check_per_example_grads(peg_good)
-    r = ch03.check_per_example_grads(peg_batch)
-    assert not r and "in_axes=(None, 0, 0)" in r.message
-    r = ch03.check_per_example_grads(lambda w, X, Y: 2 * peg_good(w, X, Y))
-    assert not r and "wrong values" in r.message
-
-
-# --------------------------------------------------------------- Exercise 4: the port
 
 def convert_good(sd):
     return {

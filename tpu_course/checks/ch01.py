@@ -1,104 +1,65 @@
-"""Checkers for lab 1 (the systolic array). Each returns a :class:`CheckResult`.
+"""Checkers for lab 1 (the systolic array): the registry ``LAB`` and one checker per exercise.
 
-The right answers come from the simulator itself (its trace and its measured cycles) or
-from arithmetic done here, never from the learner's code, and each failure names the
-mistake it looks like: an off-by-one at the fill, a forgotten weight load, a transposed
-tile, a forgotten partial-sum accumulation, fp32 where bf16 was asked.
+The right answers come from the simulator (``systolic.simulate``) or from its closed
+form ``systolic.cycle_count`` (which a test holds equal to the simulator), never from the
+learner's code. A failure says what is wrong and what the mistake looks like; the
+expected value is shown only by ``checks.reveal("Exercise N")``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from typing import Any, Callable
+import signal
+import threading
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from tpu_course import systolic
-from tpu_course.checks._core import CheckResult, fail, ok
+from tpu_course.checks._core import CheckResult, Lab, as_number, fail, ok
 
-EX1 = "Exercise 1 (weight-stationary schedule)"
-EX2 = "Exercise 2 (tile a large matmul)"
-EX3 = "Exercise 3 (predict cycles and utilisation)"
-EX4 = "Exercise 4 (bf16 with numbers)"
+LAB = Lab(1, "The systolic array")
+
+EX1 = "Exercise 1 (tile a large matmul)"
+EX2 = "Exercise 2 (predict a GEMM on two arrays)"
+EX3 = "Exercise 3 (the smallest batch that fills the array)"
+EX4 = "Exercise 4 (choose the dataflow)"
+EX5 = "Exercise 5 (where a bf16 sum stalls)"
+
+#: Exercise 2's GEMM: C[M x N] = A[M x K] @ B[K x N], on a 128x128 and a 256x256 array.
+GEMM = (200, 384, 640)
+#: Exercise 5: the value added again and again to a bf16 running sum.
+STALL_TERM = 0.1
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Stop a learner's loop that never ends (main thread only: a notebook's cells)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def stop(*_: Any) -> None:
+        raise TimeoutError(f"your function ran for more than {seconds:g} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 # -- Exercise 1 ------------------------------------------------------------------------
 
 
-def _observed_schedule(rows: int, cols: int, m: int) -> tuple[dict, dict]:
-    """When each a[i, k] is in cell (k, j), and when each c[i, j] leaves: read off a trace."""
-    a = (np.arange(m * rows).reshape(m, rows) + 1).astype(np.int64)  # distinct values
-    b = np.ones((rows, cols), np.int64)
-    run = systolic.simulate(a, b, rows, cols, "ws", "tpu", trace=True)
-    arrive, leave = {}, {}
-    for fr in run.trace:
-        for k in range(rows):
-            for j in range(cols):
-                v = fr.horizontal[k, j]
-                if not np.isnan(v):
-                    i = int(v - 1) // rows
-                    arrive.setdefault((i, k, j), fr.cycle)
-        for i, j in zip(*np.nonzero(~np.isnan(fr.output))):
-            leave.setdefault((int(i), int(j)), fr.cycle)
-    return arrive, leave
-
-
-def check_schedule(activation_arrives: Callable[..., int], output_leaves: Callable[..., int],
-                   rows: int = 4, cols: int = 4, m: int = 5) -> CheckResult:
-    """Exercise 1: ``activation_arrives(i, k, j, rows, cols)`` is the cycle at which a[i, k]
-    is in cell (k, j); ``output_leaves(i, j, rows, cols)`` the cycle at the end of which
-    c[i, j] leaves the bottom of column j. One fold, ``timing="tpu"``, cycles from 0."""
-    arrive, leave = _observed_schedule(rows, cols, m)
-    try:
-        got_a = {key: int(activation_arrives(*key, rows, cols)) for key in arrive}
-        got_l = {key: int(output_leaves(*key, rows, cols)) for key in leave}
-    except NotImplementedError:
-        return fail(EX1, "not written yet: replace the NotImplementedError with your formula")
-    except Exception as err:  # a learner's bug: say what happened
-        return fail(EX1, f"calling your functions raised {type(err).__name__}: {err}")
-    bad_a = [(key, got_a[key], want) for key, want in arrive.items() if got_a[key] != want]
-    if bad_a:
-        diffs = {got - want for _, got, want in bad_a}
-        (i, k, j), got, want = bad_a[0]
-        where = f"a[{i},{k}] reaches cell ({k},{j}) at cycle {want}, you said {got}"
-        if diffs == {-rows}:
-            hint = ("you forgot the weight preload: the first activation can only enter "
-                    f"after the {rows} cycles it takes to load the weights")
-        elif len(diffs) == 1 and abs(next(iter(diffs))) == 1:
-            hint = ("off by one at the fill: cycles count from 0, the weights take cycles "
-                    f"0..{rows - 1}, so a[0,0] is in cell (0,0) at cycle {rows}")
-        elif all(got == want - k_ for ((_, k_, _), got, want) in bad_a):
-            hint = "you left out the skew: row k of the edge buffer starts k cycles late"
-        elif all(got == want - j_ for ((_, _, j_), got, want) in bad_a):
-            hint = "you left out the hops: an activation moves one column per cycle"
-        else:
-            hint = "think of three delays: the weight load, the row skew (k), the hops (j)"
-        return fail(EX1, f"{where} ({len(bad_a)} of {len(arrive)} wrong). {hint}")
-    bad_l = [(key, got_l[key], want) for key, want in leave.items() if got_l[key] != want]
-    if bad_l:
-        diffs = {got - want for _, got, want in bad_l}
-        (i, j), got, want = bad_l[0]
-        where = f"c[{i},{j}] leaves at the end of cycle {want}, you said {got}"
-        if len(diffs) == 1 and abs(next(iter(diffs))) == 1:
-            hint = ("off by one: the bottom cell (R-1, j) adds the last product and the "
-                    "result leaves at the end of that same cycle")
-        elif diffs == {-(rows - 1)}:
-            hint = "the partial sum still has to travel down all R rows"
-        elif diffs == {cols - 1} or diffs == {-(cols - 1)}:
-            hint = "column j's results come out j cycles after column 0's, not C-1"
-        else:
-            hint = "c[i,j] leaves when a[i, R-1] has reached cell (R-1, j)"
-        return fail(EX1, f"{where} ({len(bad_l)} of {len(leave)} wrong). {hint}")
-    return ok(EX1, f"all {len(arrive)} arrivals and {len(leave)} departures match the "
-                   f"simulator's trace on a {rows}x{cols} array")
-
-
-# -- Exercise 2 ------------------------------------------------------------------------
-
-
+@LAB.exercise(EX1, minutes=25, names=("tiled_matmul",), kind="write")
 def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: int = 4,
                        shape: tuple[int, int, int] = (10, 13, 9), seed: int = 1) -> CheckResult:
-    """Exercise 2: ``tiled_matmul(a, b, rows, cols, sim)`` must compute ``a @ b`` by calling
+    """Exercise 1: ``tiled_matmul(a, b, rows, cols, sim)`` must compute ``a @ b`` by calling
     ``sim`` (a stand-in for ``systolic.simulate``) on tiles of ``b`` that fit the array."""
     m, k, n = shape
     rng = np.random.default_rng(seed)
@@ -106,53 +67,62 @@ def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: in
     b = rng.integers(-5, 6, (k, n))
     calls = []
 
+    class TileError(ValueError):
+        pass
+
     def sim(x: Any, w: Any, *args: Any, **kwargs: Any) -> systolic.SystolicRun:
         r = kwargs.get("rows", args[0] if args else rows)
         c = kwargs.get("cols", args[1] if len(args) > 1 else cols)
         if (r, c) != (rows, cols):
-            raise ValueError(f"call sim with rows={rows}, cols={cols} (the fixed array), "
-                             f"got rows={r}, cols={c}")
+            raise TileError(f"call sim with rows={rows}, cols={cols} (the fixed array), "
+                            f"got rows={r}, cols={c}")
         w = np.asarray(w)
-        if w.shape[0] > rows or w.shape[1] > cols:
-            raise ValueError(f"a tile of b is {w.shape[0]}x{w.shape[1]} but the array is "
-                             f"{rows}x{cols}: cut b into tiles that fit")
+        if w.ndim != 2 or w.shape[0] > rows or w.shape[1] > cols:
+            raise TileError(f"a tile of b is {'x'.join(map(str, w.shape))} but the array is "
+                            f"{rows}x{cols}: cut b into tiles that fit")
         calls.append(w.shape)
         return systolic.simulate(x, w, *args, **kwargs)
 
     try:
-        got = np.asarray(tiled_matmul(a, b, rows, cols, sim))
-    except NotImplementedError:
-        return fail(EX2, "not written yet: replace the NotImplementedError with your code")
-    except ValueError as err:
-        return fail(EX2, str(err))
+        got = tiled_matmul(a, b, rows, cols, sim)
+    except TileError as err:
+        return fail(EX1, str(err), hint="b[k0:k0+rows, n0:n0+cols] is one tile")
+    except TypeError as err:
+        if any(word in str(err) for word in ("SystolicRun", "dtype('O')", "object")):
+            return fail(EX1, f"your code raised TypeError: {str(err)[:200]}",
+                        hint="sim(...) returns a SystolicRun (cycles, utilisation, ...); the "
+                             "product itself is its .result")
+        raise
+    if isinstance(got, systolic.SystolicRun):
+        return fail(EX1, "you returned a SystolicRun, not the product matrix",
+                    hint="return the assembled output array; a run's product is run.result")
+    if got is None:
+        return fail(EX1, "your function returned None", hint="return the output array")
+    got = np.asarray(got)
+    if got.dtype == object:
+        return fail(EX1, "your result is not an array of numbers (a list of runs or tiles?)",
+                    hint="assemble one (M x N) array from the tiles' run.result")
     want = a @ b
     if got.shape != want.shape:
-        hint = (" (the shape of b.T @ a.T: a transposed result)" if got.shape == want.T.shape
-                else " (padding left in? slice the edge tiles back to their real size)")
-        return fail(EX2, f"result shape {got.shape}, expected {want.shape}{hint}")
+        if got.shape == want.T.shape:
+            hint = "that is the shape of b.T @ a.T: a transposed result"
+        else:
+            hint = "padding left in? slice the edge tiles back to their real size"
+        return fail(EX1, f"result shape {got.shape}, but a ({m}x{k}) @ ({k}x{n}) product is "
+                         f"{m}x{n}", hint=hint)
     if not calls:
-        return fail(EX2, "your function never called sim(...): multiply the tiles on the "
-                         "array with sim, do not use a @ b")
+        return fail(EX1, "your function never called sim(...)",
+                    hint="multiply the tiles on the array with sim, do not use a @ b")
     if np.array_equal(got, want):
         need = math.ceil(k / rows) * math.ceil(n / cols)
-        return ok(EX2, f"matches a @ b for {m}x{k} @ {k}x{n} on a {rows}x{cols} array "
+        return ok(EX1, f"matches a @ b for {m}x{k} @ {k}x{n} on a {rows}x{cols} array "
                        f"({len(calls)} tile calls; the fewest is {need})")
-    # name the mistake by the wrong answers it would produce
     kt = range(0, k, rows)
     last = a[:, kt[-1]:] @ b[kt[-1]:, :]
     first = a[:, :rows] @ b[:rows, :]
     if np.array_equal(got, last) or np.array_equal(got, first):
-        return fail(EX2, "only one K tile's partial sums are in the result: you forgot to "
-                         "accumulate (add) the partial sums of the K tiles, out[...] += ...")
-    every = b.copy()
-    for n0 in range(0, n, cols):
-        for k0 in kt:
-            blk = b[k0:k0 + rows, n0:n0 + cols]
-            if blk.shape[0] == blk.shape[1]:
-                every[k0:k0 + rows, n0:n0 + cols] = blk.T
-    if np.array_equal(got, a @ every):
-        return fail(EX2, "every square tile of b went in transposed: the weight tile for "
-                         "K rows k0.. and N columns n0.. is b[k0:k0+rows, n0:n0+cols]")
+        return fail(EX1, "only one K tile's partial sums are in the result",
+                    hint="the K tiles of one output block add up: out[...] += ..., not =")
     for n0 in range(0, n, cols):
         for k0 in kt:
             blk = b[k0:k0 + rows, n0:n0 + cols]
@@ -160,63 +130,232 @@ def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: in
                 alt = b.copy()
                 alt[k0:k0 + rows, n0:n0 + cols] = blk.T
                 if np.array_equal(got, a @ alt):
-                    return fail(EX2, f"the tile b[{k0}:{k0 + rows}, {n0}:{n0 + cols}] went in "
-                                     "transposed: the weight tile for rows k and columns n "
-                                     "is b[k0:k0+rows, n0:n0+cols], not its transpose")
+                    return fail(EX1, f"the tile b[{k0}:{k0 + rows}, {n0}:{n0 + cols}] went in "
+                                     "transposed",
+                                hint="the weight tile for rows k and columns n is "
+                                     "b[k0:k0+rows, n0:n0+cols], not its transpose")
     wrong = np.argwhere(got != want)
     i, j = wrong[0]
-    return fail(EX2, f"{len(wrong)} of {want.size} entries differ, first at [{i},{j}]: got "
-                     f"{got[i, j]}, expected {want[i, j]}. Check the slices of each tile and "
-                     "where its result goes in the output")
+    return fail(EX1, f"{len(wrong)} of {want.size} entries differ, the first at [{i},{j}]",
+                hint="check the slices of each tile of a and b, and where its result goes in "
+                     "the output", answer=f"a @ b[{i},{j}] = {want[i, j]}, you have {got[i, j]}")
+
+
+# -- Exercise 2 ------------------------------------------------------------------------
+
+
+def _pair(title: str, value: Any, side: int) -> tuple[float, float] | CheckResult:
+    what = f"predicted_{side}"
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        return fail(title, f"{what} should be a pair (cycles, utilisation), but it is "
+                           f"{type(value).__name__}: {value!r:.60}",
+                    hint=f"predicted_{side} = (cycles, utilisation), e.g. (1000, 0.5)")
+    cycles = as_number(title, value[0], f"the cycle count in {what}")
+    if isinstance(cycles, CheckResult):
+        return cycles
+    util = as_number(title, value[1], f"the utilisation in {what}")
+    if isinstance(util, CheckResult):
+        return util
+    return cycles, util
+
+
+@functools.lru_cache(maxsize=8)
+def _simulated(shape: tuple[int, int, int], side: int) -> systolic.SystolicRun:
+    """The simulator's run of a random integer GEMM of ``shape`` on a side x side array."""
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    return systolic.simulate(rng.integers(-2, 3, (m, k)), rng.integers(-2, 3, (k, n)), side, side)
+
+
+def _side(value: Any) -> int | None:
+    text = str(value).lower()
+    has = {side for side in (128, 256) if str(side) in text}
+    return has.pop() if len(has) == 1 else None
+
+
+@LAB.exercise(EX2, minutes=15, names=("predicted_128", "predicted_256", "finishes_first"),
+              kind="predict")
+def check_gemm_prediction(predicted_128: Any, predicted_256: Any, finishes_first: Any,
+                          shape: tuple[int, int, int] = GEMM, rel: float = 0.05) -> CheckResult:
+    """Exercise 2: (cycles, utilisation) predicted for ``shape`` on a 128x128 and a 256x256
+    weight-stationary array, and which finishes first, against ``systolic.simulate``.
+    Cycles and utilisation pass within ``rel`` (5 %)."""
+    m, k, n = shape
+    runs = {side: _simulated(shape, side) for side in (128, 256)}
+    answer = "; ".join(f"{s}x{s}: {r.cycles:,} cycles, utilisation {r.utilization:.3f}"
+                       for s, r in runs.items())
+    faster = min(runs, key=lambda s: runs[s].cycles)
+    answer += f"; the {faster}x{faster} array finishes first"
+    for side, value in ((128, predicted_128), (256, predicted_256)):
+        pair = _pair(EX2, value, side)
+        if isinstance(pair, CheckResult):
+            return pair
+        cyc, util = pair
+        run = runs[side]
+        if not math.isclose(cyc, run.cycles, rel_tol=rel):
+            ss = systolic.cycle_count(m, k, n, side, side, "ws", "scalesim")
+            if math.isclose(cyc, ss, rel_tol=rel):
+                hint = ("you let every fold load its weights and drain before the next starts "
+                        "(SCALE-Sim's count); the MXU loads the next fold's weights while the "
+                        "current one streams, so folds follow each other max(T, R) apart")
+            elif math.isclose(cyc, run.folds * (m + 2 * side + side - 2), rel_tol=rel):
+                hint = "only the first weight load is exposed: folds overlap (max(T, R) apart)"
+            else:
+                hint = ("count the folds first: ceil(K/R) * ceil(N/C); then one weight load, "
+                        "(F - 1) * max(M, R) and one fold's stream M + R + C - 2")
+            return fail(EX2, f"your cycle count for the {side}x{side} array is "
+                             f"{abs(cyc / run.cycles - 1):.0%} off the simulator's "
+                             f"(tolerance {rel:.0%})", hint=hint, answer=answer)
+        if util > 1 and util <= 100 and math.isclose(util / 100, run.utilization, rel_tol=rel):
+            return fail(EX2, f"your utilisation for {side}x{side} looks like a percentage",
+                        hint="give it as a fraction between 0 and 1", answer=answer)
+        if not math.isclose(util, run.utilization, rel_tol=rel):
+            padded = (m * math.ceil(k / side) * side * math.ceil(n / side) * side
+                      / (side * side * run.cycles))
+            hint = ("you counted the padded MACs as useful: only M*K*N are"
+                    if math.isclose(util, padded, rel_tol=rel) else
+                    "utilisation = M*K*N useful MACs / (cells * cycles)")
+            return fail(EX2, f"your utilisation for the {side}x{side} array is off the "
+                             f"simulator's by more than {rel:.0%}", hint=hint, answer=answer)
+    side = _side(finishes_first)
+    if side is None:
+        return fail(EX2, f"finishes_first should name one array, 128 or 256; you gave "
+                         f"{finishes_first!r:.40}", hint='finishes_first = "256x256" (or 128x128)')
+    if side != faster:
+        return fail(EX2, f"the {side}x{side} array does not finish first",
+                    hint="compare your two cycle counts", answer=answer)
+    slow = 384 - faster
+    return ok(EX2, f"{answer}. Your predictions are within {rel:.0%} of the simulator: the "
+                   f"bigger array wins on time ({runs[slow].cycles / runs[faster].cycles:.2f}x "
+                   "fewer cycles with 4x the cells) and loses on utilisation")
 
 
 # -- Exercise 3 ------------------------------------------------------------------------
 
 
-def check_prediction(predict: Callable[..., tuple[float, float]],
-                     cases: tuple[tuple[int, int, int, int, int], ...] = (
-                         (100, 100, 100, 128, 128), (300, 200, 260, 128, 128),
-                         (20, 9, 7, 4, 4), (3, 8, 8, 8, 2))) -> CheckResult:
-    """Exercise 3: ``predict(M, K, N, rows, cols)`` returns (cycles, utilisation) for the
-    weight-stationary array with ``timing="tpu"``; compared with what ``simulate`` measures."""
-    for m, k, n, r, c in cases:
-        rng = np.random.default_rng(0)
-        run = systolic.simulate(rng.integers(-2, 3, (m, k)), rng.integers(-2, 3, (k, n)), r, c)
+def smallest_batch_reference(K: int, N: int, rows: int, cols: int,
+                             max_waste: float = 0.1) -> int | None:
+    """The smallest M at which a weight-stationary array is busy at least ``1 - max_waste``
+    of its cell-cycles (``systolic.utilization``), or None when no batch gets there
+    (utilisation grows with M towards K*N / (padded K * padded N))."""
+    target = 1 - max_waste
+    ceiling = K * N / (math.ceil(K / rows) * rows * math.ceil(N / cols) * cols)
+    if ceiling < target:
+        return None
+    lo, hi = 1, 1
+    while systolic.utilization(hi, K, N, rows, cols) < target:
+        hi *= 2
+        if hi > 1 << 40:
+            return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if systolic.utilization(mid, K, N, rows, cols) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+#: Exercise 3's cases (K, N, rows, cols): many folds, one fold, a v6e-sized array, and a
+#: layer whose padding alone wastes more than 10 %.
+BATCH_CASES = ((1024, 1024, 128, 128), (128, 128, 128, 128), (4096, 4096, 256, 256),
+               (100, 1024, 128, 128))
+
+
+@LAB.exercise(EX3, minutes=15, names=("smallest_batch",), kind="transfer")
+def check_smallest_batch(smallest_batch: Callable[..., Any],
+                         cases: tuple[tuple[int, int, int, int], ...] = BATCH_CASES,
+                         time_limit_s: float = 20.0) -> CheckResult:
+    """Exercise 3: ``smallest_batch(K, N, rows, cols)`` is the smallest batch M for which a
+    K x N weight matrix keeps the array at least 90 % busy, or None if no M does."""
+    for case in cases:
+        K, N, r, c = case
+        want = smallest_batch_reference(K, N, r, c)
+        where = f"K={K}, N={N} on a {r}x{c} array"
         try:
-            cyc, util = predict(m, k, n, r, c)
-        except NotImplementedError:
-            return fail(EX3, "not written yet: replace the NotImplementedError with your formula")
-        case = f"M={m} K={k} N={n} on {r}x{c}"
-        if int(cyc) != run.cycles:
-            d = int(cyc) - run.cycles
-            ss = systolic.cycle_count(m, k, n, r, c, "ws", "scalesim")
-            if int(cyc) in (ss, ss + 1) and run.folds > 1:
-                hint = ("you let every fold load its weights and drain before the next one "
-                        "starts (SCALE-Sim's convention); on the MXU the next weights load "
-                        "while the current fold computes, so folds follow max(T, R) apart")
-            elif d == -r:
-                hint = "you forgot the first weight load (R cycles)"
-            elif abs(d) == 1:
-                hint = ("off by one: count cycles from 0 to the one in which the last result "
-                        "leaves, inclusive (T + R + C - 2 for one fold's stream)")
-            elif d == -(c - 1) or d == -(r - 1):
-                hint = "the skew costs R - 1 + C - 1 cycles once: the wavefront's trip"
-            else:
-                hint = ("cycles = R (first load) + (F - 1) * max(T, R) + T + R + C - 2, "
-                        "with T = M and F = ceil(K/R) * ceil(N/C)")
-            return fail(EX3, f"{case}: simulate measured {run.cycles} cycles, you predicted "
-                             f"{cyc} ({d:+d}). {hint}")
-        if not math.isclose(float(util), run.utilization, rel_tol=1e-9):
-            padded = m * math.ceil(k / r) * r * math.ceil(n / c) * c / (r * c * run.cycles)
-            hint = ("you counted the padded MACs as useful: utilisation counts only the "
-                    "M*K*N real ones" if math.isclose(float(util), padded, rel_tol=1e-9) else
-                    "utilisation = M*K*N / (rows * cols * cycles)")
-            return fail(EX3, f"{case}: utilisation {run.utilization:.4f} measured, you "
-                             f"predicted {float(util):.4f}. {hint}")
-    return ok(EX3, f"cycles and utilisation match the simulator on {len(cases)} shapes")
+            with _time_limit(time_limit_s):
+                got = smallest_batch(K, N, r, c)
+        except TimeoutError:
+            return fail(EX3, f"for {where} your function ran for more than {time_limit_s:g} s",
+                        hint="can every layer reach 90 %? Padding K or N up to the array "
+                             "size is waste that no batch size removes: return None then")
+        answer = f"{where}: {want}"
+        if want is None:
+            if got is None:
+                continue
+            return fail(EX3, f"for {where} you returned {got!r}, but no batch gets there",
+                        hint="K and N are padded to multiples of the array size: what is the "
+                             "utilisation with an endless batch?", answer=answer)
+        if got is None:
+            return fail(EX3, f"for {where} you returned None, but some batch does reach 90 %",
+                        hint="utilisation grows with M; look further", answer=answer)
+        number = as_number(EX3, got, f"the batch for {where}")
+        if isinstance(number, CheckResult):
+            return number
+        if number == want:
+            continue
+        util = systolic.utilization(max(1, int(number)), K, N, r, c)
+        if number < want:
+            msg = (f"for {where}, M={number:g} keeps the array only {util:.1%} busy "
+                   "(simulate it to see)")
+        else:
+            msg = f"for {where} a smaller batch than {number:g} already reaches 90 %"
+        if number == r:
+            hint = ("M = rows hides each fold's weight load behind the stream, but the "
+                    "fill and drain of the pipeline (R + C - 2 cycles) and the first load "
+                    "still cost: count them")
+        elif abs(number - want) == 1:
+            hint = "off by one: the smallest M with utilisation >= 0.9"
+        else:
+            hint = ("write the utilisation as a function of M with systolic's cycle model "
+                    "(careful: max(M, R) between folds), and solve for >= 0.9")
+        return fail(EX3, msg, hint=hint, answer=answer)
+    answers = ", ".join(f"{smallest_batch_reference(*cs)}" for cs in cases)
+    return ok(EX3, f"right for all {len(cases)} layers (batches {answers}): one fold needs a "
+                   "batch in the thousands to hide the pipeline's fill, many folds need about "
+                   "the array's width, and padding can waste more than any batch recovers")
 
 
 # -- Exercise 4 ------------------------------------------------------------------------
+
+#: Exercise 4's shapes (M, K, N, rows, cols), one per dataflow that wins.
+DATAFLOW_CASES = ((1024, 384, 1536, 256, 256), (96, 1000, 700, 128, 128),
+                  (16, 1024, 1024, 128, 128), (200, 384, 640, 256, 256))
+_DATAFLOW_WORDS = {"weight": "ws", "input": "is", "output": "os"}
+
+
+@LAB.exercise(EX4, minutes=15, names=("best_dataflow",), kind="transfer")
+def check_best_dataflow(best_dataflow: Callable[..., Any],
+                        cases: tuple[tuple[int, int, int, int, int], ...] = DATAFLOW_CASES
+                        ) -> CheckResult:
+    """Exercise 4: ``best_dataflow(M, K, N, rows, cols)`` returns the dataflow ('ws', 'is'
+    or 'os') with the fewest cycles (``timing="tpu"``); on a tie any of the tied ones."""
+    for m, k, n, r, c in cases:
+        counts = {d: systolic.cycle_count(m, k, n, r, c, d) for d in systolic.DATAFLOWS}
+        best = min(counts.values())
+        winners = sorted(d for d, v in counts.items() if v == best)
+        got = best_dataflow(m, k, n, r, c)
+        where = f"M={m}, K={k}, N={n} on {r}x{c}"
+        key = str(got).strip().lower() if isinstance(got, str) else None
+        if key is not None and key not in counts:
+            key = next((v for w, v in _DATAFLOW_WORDS.items() if w in key), None)
+        if key is None:
+            return fail(EX4, f"for {where} you returned {got!r:.40}, not a dataflow",
+                        hint="return one of the strings 'ws', 'is', 'os'")
+        if key in winners:
+            continue
+        return fail(EX4, f"for {where}, {key!r} takes {counts[key] / best - 1:.0%} more cycles "
+                         "than the best dataflow",
+                    hint="for each dataflow: which of M, K, N sit on the rows and columns "
+                         "(folds), and which one streams (T)? cycles = P + (F-1) max(T, R) + "
+                         "T + R + C - 2 (+ R to drain for 'os')",
+                    answer=f"{where}: " + ", ".join(f"{d} {v:,}" for d, v in counts.items()))
+    return ok(EX4, f"the fastest dataflow on all {len(cases)} shapes: the dimension that "
+                   "streams should be the long one, and the stationary ones should fill the "
+                   "array")
+
+
+# -- Exercise 5 ------------------------------------------------------------------------
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -231,6 +370,8 @@ def bf16_running_sum(values: np.ndarray) -> float:
 
     >>> bf16_running_sum(np.ones(1000, np.float32))
     256.0
+    >>> bf16_running_sum(np.full(2000, 0.1, np.float32))
+    32.0
     """
     total = np.float32(0.0)
     for v in np.asarray(values, np.float32):
@@ -238,30 +379,24 @@ def bf16_running_sum(values: np.ndarray) -> float:
     return float(total)
 
 
-def check_bf16(sum_of_ones_bf16: float, gap_above_one: float, n: int = 1000) -> CheckResult:
-    """Exercise 4: (a) adding 1.0 ``n`` times with a bf16 accumulator gives what? (b) how
-    far is 1.0 from the next larger bf16 number?"""
-    want_sum = bf16_running_sum(np.ones(n, np.float32))
-    want_gap = 2.0 ** -7  # bf16 keeps 7 explicit significand bits (8 with the hidden one)
-    if sum_of_ones_bf16 is None or gap_above_one is None:
-        return fail(EX4, "not answered yet: compute both numbers")
-    if float(sum_of_ones_bf16) != want_sum:
-        if float(sum_of_ones_bf16) == n:
-            hint = ("that is what an fp32 accumulator gives; keep the running sum in bf16 "
-                    "(cast it back to bf16 after every add)")
-        else:
-            hint = ("once the sum reaches 256, 256 + 1 = 257 needs 9 significant bits and "
-                    "rounds back to 256")
-        return fail(EX4, f"(a) a bf16 running sum of {n} ones is {want_sum:g}, you said "
-                         f"{float(sum_of_ones_bf16):g}: {hint}")
-    if not math.isclose(float(gap_above_one), want_gap, rel_tol=1e-12):
-        g = float(gap_above_one)
-        named = {2.0 ** -8: "that is half the gap (the unit roundoff)",
-                 2.0 ** -10: "that is fp16's gap (10 significand bits)",
-                 2.0 ** -23: "that is fp32's gap (23 significand bits)"}
-        hint = next((v for key, v in named.items() if math.isclose(g, key)),
-                    "bf16 has 7 explicit significand bits")
-        return fail(EX4, f"(b) the next bf16 number after 1.0 is 1 + {want_gap} "
-                         f"(2**-7), you said a gap of {g:g}: {hint}")
-    return ok(EX4, f"bf16 sum of {n} ones = {want_sum:g} (stuck at 256) and the gap above 1 is "
-                   "2**-7 = 0.0078125: about 2-3 significant decimal digits")
+@LAB.exercise(EX5, minutes=10, names=("predicted_stall",), kind="predict")
+def check_stall(predicted_stall: Any, term: float = STALL_TERM, rel: float = 0.05) -> CheckResult:
+    """Exercise 5: where a bf16 running sum of ``term`` stops growing (within ``rel``)."""
+    got = as_number(EX5, predicted_stall, "your predicted stall value")
+    if isinstance(got, CheckResult):
+        return got
+    want = bf16_running_sum(np.full(int(8 / term * 256), term, np.float32))
+    answer = f"a bf16 running sum of {term} stops at {want:g}"
+    if math.isclose(got, want, rel_tol=rel):
+        return ok(EX5, f"{answer}: at {want:g} the gap between bf16 numbers is "
+                       f"{want * 2 ** -7:g}, and {term} is less than half of it, so "
+                       f"{want:g} + {term} rounds back to {want:g}")
+    if math.isclose(got, want / 2, rel_tol=rel):
+        hint = ("below the stall the term is more than half a gap: the sum rounds UP to the "
+                "next bf16 number and keeps moving (faster than it should)")
+    elif math.isclose(got, want * 2, rel_tol=rel):
+        hint = "check the gap at your value: is the term really more than half of it?"
+    else:
+        hint = ("the gap above a number x in [2^e, 2^(e+1)) is 2^(e-7); the sum stops when the "
+                "term is less than half that gap")
+    return fail(EX5, "that is not where the sum stops", hint=hint, answer=answer)

@@ -2,9 +2,12 @@
 
 * :func:`check_jit_fix`: a gradient-clipping update that used a Python ``if`` on a traced
   value now runs under ``jax.jit`` and gives the right numbers.
-* :func:`check_bucketing`: padding ragged batches to a few bucket sizes bounds the number
-  of compilations (counted by JAX itself: the jitted function's cache size).
-* :func:`check_per_example_grads`: ``vmap`` of ``grad`` against the closed form.
+* :func:`check_compile_prediction`: how many times a jitted function compiles over a
+  list of calls, predicted, then counted by JAX itself (the function's cache size).
+* :func:`check_recompile_fix`: a planted recompilation (a schedule's values passed as
+  static arguments) found and fixed: one compiled version for every step.
+* :func:`check_per_example_norms`: per-example gradient norms of an MLP with
+  ``vmap(grad)``, against one ``jax.grad`` per example.
 * :func:`check_port`: the PyTorch training step ported to JAX/Optax, compared with
   PyTorch by :mod:`tpu_course.parity` over parameters, every layer's output, the loss,
   the gradients and one optimizer step; a failure names the first layer that diverges
@@ -21,7 +24,15 @@ from typing import Any
 import numpy as np
 
 from tpu_course import parity
-from tpu_course.checks._core import CheckResult, fail, ok
+from tpu_course.checks._core import CheckResult, Lab, as_number, fail, ok
+
+LAB = Lab(3, "JAX for PyTorch people")
+
+EX1 = "Exercise 1 (make it jit)"
+EX2 = "Exercise 2 (predict the compilations)"
+EX3 = "Exercise 3 (find the recompilation)"
+EX4 = "Exercise 4 (per-example gradient norms)"
+EX5 = "Exercise 5 (port the training step)"
 
 # ----------------------------------------------------------------- Exercise 1: jit fix
 
@@ -35,6 +46,7 @@ def clipped_update_reference(w: np.ndarray, g: np.ndarray, max_norm: float) -> n
     return w - LR * g * scale
 
 
+@LAB.exercise(EX1, minutes=10, names=("clipped_update",), kind="write")
 def check_jit_fix(clipped_update: Callable[[Any, Any, Any], Any]) -> CheckResult:
     """``jax.jit(clipped_update)(w, g, max_norm)`` must run and clip like the reference.
 
@@ -45,7 +57,7 @@ def check_jit_fix(clipped_update: Callable[[Any, Any, Any], Any]) -> CheckResult
     import jax
     import jax.numpy as jnp
 
-    name = "Exercise 1 (make it jit)"
+    name = EX1
     rng = np.random.default_rng(3)
     w = rng.standard_normal(5).astype(np.float32)
     cases = [(rng.standard_normal(5).astype(np.float32) * s, m)
@@ -57,9 +69,11 @@ def check_jit_fix(clipped_update: Callable[[Any, Any, Any], Any]) -> CheckResult
             want = clipped_update_reference(w, g, m)
             if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
                 norm = float(np.linalg.norm(g))
-                return fail(name, f"with ||g|| = {norm:.3g} and max_norm = {m}: expected "
-                            f"{np.round(want, 4)}, got {np.round(got, 4)}. Clip only when the "
-                            "norm exceeds max_norm: scale = min(1, max_norm / norm).")
+                return fail(name, f"with ||g|| = {norm:.3g} and max_norm = {m} your update "
+                            "differs from the clipped one",
+                            hint="clip only when the norm exceeds max_norm: "
+                                 "scale = min(1, max_norm / norm)",
+                            answer=f"expected {np.round(want, 4)}, you gave {np.round(got, 4)}")
             if not np.all(np.isfinite(got)):
                 return fail(name, "got NaN or inf (a zero gradient divides by a zero norm?)")
     except jax.errors.TracerBoolConversionError:
@@ -73,90 +87,178 @@ def check_jit_fix(clipped_update: Callable[[Any, Any, Any], Any]) -> CheckResult
               f"on {len(cases)} cases (below, above, far below the limit, zero gradient)")
 
 
-# ---------------------------------------------------------- Exercise 2: recompilation
+# ------------------------------------------------ Exercise 2: predict the compilations
 
-BUCKETS = (8, 16, 32)
-#: Batch sizes a data loader hands out: full batches, then a smaller last one, over
-#: a few epochs with different dataset sizes.
-RAGGED_SIZES = (32, 32, 32, 7, 32, 20, 1, 16, 9, 32, 13)
+#: The calls of Exercise 2, as the lab shows them: ``f = jax.jit(lambda x, scale: x * scale)``.
+COMPILE_QUIZ = (
+    "f(jnp.ones(8), 2.0)",
+    "f(jnp.ones(8), 3.0)",
+    "f(jnp.ones(16), 2.0)",
+    "f(jnp.ones(8, jnp.int32), 2.0)",
+    "f(jnp.ones(8), 2)",
+    "f(jnp.ones((2, 4)), 2.0)",
+    "f(jnp.ones(8), 5.0)",
+)
 
 
-def check_bucketing(bucketed: Callable[..., Any], buckets: tuple[int, ...] = BUCKETS
-                    ) -> CheckResult:
-    """``bucketed(fn, x, buckets)`` pads the batch to a bucket, runs ``fn``, un-pads.
-
-    The checker jits a row-wise model ``fn(x) = tanh(x @ W)``, feeds batches of the
-    sizes in :data:`RAGGED_SIZES`, and counts compilations with JAX's own count, the
-    jitted function's cache size. At most ``len(buckets)`` compilations are allowed and
-    every output must equal the unpadded result.
-    """
+def run_compile_quiz(show: bool = False) -> list[int]:
+    """Run :data:`COMPILE_QUIZ` on a fresh ``jax.jit`` and return, per call, how many new
+    compiled versions it added (JAX's own count: the jitted function's cache size)."""
     import jax
     import jax.numpy as jnp
 
-    name = "Exercise 2 (no recompilation)"
-    rng = np.random.default_rng(4)
-    W = rng.standard_normal((6, 3)).astype(np.float32)
-    Wj = jnp.asarray(W)
-    fn = jax.jit(lambda x: jnp.tanh(x @ Wj))
-    for n in RAGGED_SIZES:
-        x = rng.standard_normal((n, 6)).astype(np.float32)
-        # float32 matmuls (a TPU's default is one bfloat16 pass, a GPU's may be TF32)
-        with jax.default_matmul_precision("float32"):
-            got = np.asarray(bucketed(fn, jnp.asarray(x), buckets))
-        want = np.tanh(x.astype(np.float64) @ W)
-        if got.shape != want.shape:
-            return fail(name, f"a batch of {n} rows gave an output of shape {got.shape}, "
-                        f"expected {want.shape}: slice the padded rows off (out[:n]).")
-        if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
-            return fail(name, f"a batch of {n} rows gave wrong values: pad with rows of "
-                        "zeros after the real rows, and keep the real rows first.")
-    compiles = fn._cache_size()  # JAX's own count of compiled shapes for this function
-    sizes = sorted(set(RAGGED_SIZES))
-    if compiles > len(buckets):
-        return fail(name, f"fn compiled {compiles} times for batch sizes {sizes} (one per "
-                    f"distinct shape); expected at most {len(buckets)}: pad each batch up "
-                    f"to the smallest bucket in {buckets} that holds it.")
-    return ok(name, f"{len(RAGGED_SIZES)} batches of sizes {sizes}: {compiles} compilations "
-              f"(counted by JAX), outputs equal to the unpadded ones")
+    f = jax.jit(lambda x, scale: x * scale)
+    added = []
+    for call in COMPILE_QUIZ:
+        before = f._cache_size()
+        eval(call, {"f": f, "jnp": jnp})  # noqa: S307 - our own fixed strings
+        added.append(f._cache_size() - before)
+        if show:
+            print(f"{call:34s} {'compiles' if added[-1] else 'cached'}")
+    if show:
+        print(f"{sum(added)} compilations for {len(added)} calls")
+    return added
 
 
-# ------------------------------------------------------ Exercise 3: per-example grads
+@LAB.exercise(EX2, minutes=10, names=("predicted_compiles",), kind="predict")
+def check_compile_prediction(predicted_compiles: Any) -> CheckResult:
+    """Exercise 2: how many times ``f`` compiles over :data:`COMPILE_QUIZ` (exact)."""
+    got = as_number(EX2, predicted_compiles, "the number of compilations")
+    if isinstance(got, CheckResult):
+        return got
+    added = run_compile_quiz()
+    want = sum(added)
+    answer = "; ".join(f"{c}: {'compiles' if a else 'cached'}" for c, a in zip(COMPILE_QUIZ, added))
+    if got == want:
+        return ok(EX2, f"{want} compilations for {len(added)} calls: a new shape, a new dtype "
+                       "or a Python int where a float was (a different weak type) each make a "
+                       "new version; a new value of a traced argument does not")
+    if got == len(COMPILE_QUIZ):
+        hint = "a traced argument's VALUE is not part of the cache key: 2.0 and 3.0 share one version"
+    elif got < want:
+        hint = ("the cache key is every argument's shape AND dtype (a Python int is a "
+                "weakly typed int32, a Python float a weakly typed float32)")
+    else:
+        hint = "which calls repeat an earlier call's shapes and dtypes exactly?"
+    return fail(EX2, f"your count is {'too high' if got > want else 'too low'}", hint=hint,
+                answer=f"{want}: {answer}")
 
 
-def per_example_grads_reference(w: np.ndarray, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """Closed form for ``loss(w, x, y) = 0.5 * (x . w - y)**2``: ``(x . w - y) * x``."""
-    r = X.astype(np.float64) @ w - Y
-    return r[:, None] * X
+# -------------------------------------------------- Exercise 3: find the recompilation
+
+#: Exercise 3's learning-rate decay: the rate halves every ``HALVING`` steps.
+HALVING = 100
+#: The steps at which the checker calls the learner's update.
+STEPS = (0, 1, 2, 50, 99, 100, 150, 250, 400, 1000)
 
 
-def check_per_example_grads(per_example_grads: Callable[[Any, Any, Any], Any]
+def decayed_update_reference(w: np.ndarray, g: np.ndarray, lr: float, step: int) -> np.ndarray:
+    """``w - lr * 0.5 ** (step // HALVING) * g``."""
+    return w - lr * 0.5 ** (step // HALVING) * g
+
+
+@LAB.exercise(EX3, minutes=15, names=("update_fixed",), kind="transfer")
+def check_recompile_fix(update_fixed: Callable[..., Any]) -> CheckResult:
+    """Exercise 3: ``update_fixed(w, g, lr, step)`` (jitted) must give the decayed update
+    for every step of :data:`STEPS` while compiling once (its cache size)."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal(4).astype(np.float32)
+    g = rng.standard_normal(4).astype(np.float32)
+    for step in STEPS:
+        got = np.asarray(update_fixed(jnp.asarray(w), jnp.asarray(g), 0.1, step))
+        want = decayed_update_reference(w, g, 0.1, step)
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
+            return fail(EX3, f"at step {step} the update differs from "
+                             "w - lr * 0.5 ** (step // 100) * g",
+                        hint="keep the decay: integer division works on a traced step too")
+    if not hasattr(update_fixed, "_cache_size"):
+        return fail(EX3, "update_fixed is not a jitted function",
+                    hint="update_fixed = jax.jit(...) (or decorate it with @jax.jit)")
+    total = update_fixed._cache_size()  # JAX's own count of compiled versions
+    if total > 1:
+        return fail(EX3, f"update_fixed holds {total} compiled versions after {len(STEPS)} calls",
+                    hint="an argument listed in static_argnums/static_argnames is part of the "
+                         "cache key: every new value compiles again. Pass lr and step as "
+                         "ordinary (traced) arguments")
+    return ok(EX3, f"{len(STEPS)} steps, one compiled version (counted by JAX), the same "
+                   "updates as the planted version")
+
+
+# -------------------------------------------------- Exercise 4: per-example grad norms
+
+
+def mlp_loss(params: Any, x: Any, y: Any) -> Any:
+    """Exercise 4's loss for ONE example: a two-layer tanh MLP, squared error."""
+    import jax.numpy as jnp
+
+    h = jnp.tanh(x @ params["w1"] + params["b1"])
+    return 0.5 * jnp.sum((h @ params["w2"] + params["b2"] - y) ** 2)
+
+
+def mlp_batch(seed: int = 5, n: int = 6) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Parameters and a batch (X (n, 3), Y (n, 2)) for Exercise 4."""
+    rng = np.random.default_rng(seed)
+    params = {"w1": rng.standard_normal((3, 5)), "b1": rng.standard_normal(5),
+              "w2": rng.standard_normal((5, 2)), "b2": rng.standard_normal(2)}
+    params = {k: v.astype(np.float32) for k, v in params.items()}
+    return (params, rng.standard_normal((n, 3)).astype(np.float32),
+            rng.standard_normal((n, 2)).astype(np.float32))
+
+
+def per_example_norms_reference(params: Any, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """One ``jax.grad`` per example, in a Python loop: the global L2 norm of each."""
+    import jax
+
+    norms = []
+    for x, y in zip(X, Y):
+        grads = jax.grad(mlp_loss)(params, x, y)
+        norms.append(np.sqrt(sum(float(np.sum(np.asarray(leaf, np.float64) ** 2))
+                                 for leaf in jax.tree.leaves(grads))))
+    return np.array(norms)
+
+
+@LAB.exercise(EX4, minutes=15, names=("per_example_grad_norms",), kind="transfer")
+def check_per_example_norms(per_example_grad_norms: Callable[[Any, Any, Any], Any]
                             ) -> CheckResult:
-    """``per_example_grads(w, X, Y)`` returns one gradient row per example (n, d)."""
+    """Exercise 4: ``per_example_grad_norms(params, X, Y)`` -> (n,) global gradient norms
+    of :func:`mlp_loss`, one per example (the first step of DP-SGD's per-example clip)."""
     import jax
     import jax.numpy as jnp
 
-    name = "Exercise 3 (per-example gradients)"
-    rng = np.random.default_rng(5)
-    n, d = 7, 4
-    w = rng.standard_normal(d).astype(np.float32)
-    X = rng.standard_normal((n, d)).astype(np.float32)
-    Y = rng.standard_normal(n).astype(np.float32)
-    with jax.default_matmul_precision("float32"):  # not bf16 (TPU) or TF32 (GPU) passes
-        got = np.asarray(per_example_grads(jnp.asarray(w), jnp.asarray(X), jnp.asarray(Y)))
-    want = per_example_grads_reference(w, X, Y)
-    if got.shape != want.shape:
-        hint = ""
-        if got.shape == (d,):
-            hint = (" That is one gradient for the whole batch: vmap the gradient of a "
-                    "single example's loss, with in_axes=(None, 0, 0).")
-        return fail(name, f"expected shape {want.shape} (examples, parameters), got "
-                    f"{got.shape}.{hint}")
-    if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
-        if np.allclose(got.sum(0), want.sum(0), rtol=1e-4, atol=1e-5):
-            return fail(name, "the rows sum to the batch gradient but are not per example")
-        return fail(name, "wrong values: each row should be the gradient of "
-                    "0.5 * (x . w - y)**2 for that row's x and y alone, i.e. (x . w - y) x.")
-    return ok(name, f"{n} per-example gradients equal the closed form (x . w - y) x")
+    params, X, Y = mlp_batch()
+    want = per_example_norms_reference(params, X, Y)
+    with jax.default_matmul_precision("float32"):
+        got = per_example_grad_norms(jax.tree.map(jnp.asarray, params), jnp.asarray(X),
+                                     jnp.asarray(Y))
+    if isinstance(got, dict):
+        return fail(EX4, "you returned a dict (the gradients?), not one norm per example",
+                    hint="reduce every example's gradient pytree to one number: the square "
+                         "root of the sum of squares over all its leaves")
+    got = np.asarray(got, np.float64)
+    n = len(X)
+    if got.shape != (n,):
+        hint = ("one number for the whole batch: vmap the gradient of ONE example's loss over "
+                "the examples (in_axes=(None, 0, 0))" if got.size == 1 else
+                "one global norm per example, over all parameters together")
+        return fail(EX4, f"expected shape ({n},), one norm per example; got {got.shape}",
+                    hint=hint)
+    answer = f"norms {np.round(want, 4).tolist()}"
+    if np.allclose(got, want, rtol=1e-4, atol=1e-5):
+        return ok(EX4, f"{n} per-example gradient norms equal {n} separate jax.grad calls")
+    if np.allclose(got, want / n, rtol=1e-4, atol=1e-5):
+        return fail(EX4, f"your norms are {n}x too small",
+                    hint="take the gradient of one example's loss, not of the batch mean",
+                    answer=answer)
+    if np.allclose(got, want ** 2, rtol=1e-4, atol=1e-5):
+        return fail(EX4, "those are squared norms", hint="take the square root", answer=answer)
+    if np.all(got < want + 1e-6):
+        return fail(EX4, "your norms are too small: some parameters are missing",
+                    hint="sum the squares over EVERY leaf (w1, b1, w2, b2), e.g. with "
+                         "jax.tree.leaves", answer=answer)
+    return fail(EX4, "wrong values", hint="each norm is sqrt(sum over all leaves of the "
+                                          "example's gradient squared)", answer=answer)
 
 
 # --------------------------------------------------------------- Exercise 4: the port
@@ -185,6 +287,8 @@ _HINTS = {
 }
 
 
+@LAB.exercise(EX5, minutes=30, names=("convert_params", "forward", "loss_fn", "train_step",
+                                     "optimizer"), kind="write")
 def check_port(convert_params: Callable[[dict[str, np.ndarray]], Any],
                forward: Callable[[Any, Any], dict[str, Any]],
                loss_fn: Callable[[Any, Any, Any], Any],
@@ -203,7 +307,7 @@ def check_port(convert_params: Callable[[dict[str, np.ndarray]], Any],
         live: compare with live PyTorch (``True``), the stored reference (``False``), or
             live when torch is installed (``None``).
     """
-    name = "Exercise 4 (port the training step)"
+    name = EX5
     ref = parity.reference(live=live)
     try:
         import jax.numpy as jnp
@@ -222,7 +326,7 @@ def check_port(convert_params: Callable[[dict[str, np.ndarray]], Any],
             report = parity.compare(ref.expected, got)
     except NotImplementedError:
         raise
-    except Exception as err:  # the learner's code raised: say where, and what to look at
+    except Exception as err:  # noqa: BLE001 - the learner's code raised: say where, and what to look at
         msg = str(err).strip().split("\n")[0][:300]
         return fail(name, f"your code raised {type(err).__name__}: {msg}. Shape errors in a "
                     "matmul or conv usually mean a weight kept PyTorch's layout.")
