@@ -289,3 +289,17 @@ def test_time_steps_threads_a_donated_state_and_counts_images():
     state, t = train.time_steps(step, state, train.prefetch_to_device(host), warmup=2)
     assert t.steps == 6 and int(state.step) == 8
     assert t.images_per_s == pytest.approx(16 / t.seconds_per_step)
+
+
+def test_shipped_accelerator_reference_is_the_committed_bench_result():
+    """The copy a notebook reads (package data) is exactly bench/results' file."""
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for shipped in train.REFERENCE_DIR.glob("*.json"):
+        committed = root / "bench" / "results" / shipped.name
+        assert json.loads(shipped.read_text()) == json.loads(committed.read_text()), shipped.name
+    assert train.accelerator_reference("mnist-h200")["device"] == "h200"
+    with pytest.raises(ValueError, match="ships"):
+        train.accelerator_reference("mnist-tpu-v9")

@@ -641,6 +641,32 @@ def time_to_accuracy(history: History, target: float = 0.976) -> TimeToAccuracy:
     return TimeToAccuracy(target, False, None, None, None, None, None, history.device)
 
 
+# --------------------------------------------------------------------------- reference runs
+
+#: Committed ``make bench`` results shipped inside the package, so that a notebook shows
+#: them on any runtime (Colab included), not only in a clone of the repository.
+REFERENCE_DIR = pathlib.Path(__file__).resolve().parent / "reference"
+
+
+def accelerator_reference(name: str = "mnist-h200") -> dict:
+    """A committed benchmark result: ``bench/results/<name>.json`` as ``make bench`` wrote it.
+
+    Measured, not sourced: each holds the device, the date and the jax version of the run
+    that produced it, and its rows (see ``bench/bench_mnist.py``). Chapter 5 shows the
+    H200's rows beside its own CPU measurements. A test keeps the copy in
+    ``tpu_course/reference/`` equal to the one in ``bench/results/``.
+
+    >>> ref = accelerator_reference()
+    >>> ref["device"], sorted({r["train_set"].split(":")[0] for r in ref["rows"]})
+    ('h200', ['fashion_mnist', 'mnist'])
+    """
+    path = REFERENCE_DIR / f"{name}.json"
+    if not path.exists():
+        known = sorted(p.stem for p in REFERENCE_DIR.glob("*.json"))
+        raise ValueError(f"no committed result {name!r}; the package ships {known}")
+    return json.loads(path.read_text())
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
