@@ -16,12 +16,14 @@
 # %% [markdown]
 # # Chapter 5: A first real model: MNIST with Flax NNX and Optax
 #
-# The series this course follows trains MNIST to **97.6 % test accuracy in under 4 seconds
-# on one TPU v6e chip**. This chapter does the same on whatever runtime you have, and
-# reports the numbers in a way you can trust: compile time apart from training time, the
-# test set in full, images per second from the harness, and the runtime that produced
-# them. Along the way: a Flax NNX model, an Optax optimizer, a jitted train step with
-# donated buffers, an input pipeline that keeps the chip fed, and bf16.
+# The series this course follows reports training MNIST to **97.6 % test accuracy in under
+# 4 seconds on one TPU v6e chip** (a sourced claim: the course has not measured it on a
+# TPU). This chapter writes that training run itself, cell by cell, and runs it on
+# whatever runtime you have: a Flax NNX model, its loss, a jitted train step with an Optax
+# optimizer, an evaluation step, an input pipeline that keeps the chip fed, the epoch
+# loop, a checkpoint saved and restored with Orbax, and bf16. Then it reports the numbers
+# in a way you can trust: compile time apart from training time, the whole test set,
+# and the runtime that produced each figure.
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -69,12 +71,20 @@ rt = runtime.describe()
 print(rt.banner())
 
 # %%
+import collections
+import pathlib
+import tempfile
+import time
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from flax import nnx
+from tqdm.auto import tqdm
 
 from tpu_course import bench, data, models, train
 
@@ -104,70 +114,281 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 2. The model
+# ## 2. The model: an `nnx.Module`
 #
-# `tpu_course.models.CNN` is a small Flax NNX network: two 3x3 convolutions (16 and 32
+# In Flax NNX a model is a plain Python object, much like a PyTorch `nn.Module`:
+# `__init__` creates the layers (their parameters are initialised at once, from the
+# random stream `rngs`), `__call__` is the forward pass. Two 3x3 convolutions (16 and 32
 # channels), each followed by a ReLU and a 2x2 average pooling, then a dense layer of 128
-# and the 10 logits. In NNX a module is a plain Python object holding its parameters;
-# `nnx.split` separates the static structure (`graphdef`) from the arrays (`params`), and
-# that split is what lets a train step be a pure function JAX can compile.
+# and the 10 logits. Images are channels-last, `(N, 28, 28, 1)`, the layout XLA prefers
+# on TPUs.
+#
+# This class is also the package's `tpu_course.models.CNN`, which chapter 6 and the
+# benchmarks reuse: the cell below is the same code (a test keeps the two equal), so you
+# can edit and rerun it here.
 
 # %%
-model = models.CNN(rngs=nnx.Rngs(0))
+# Same code as tpu_course.models.CNN
+class CNN(nnx.Module):
+    """A small convolutional network for 28 x 28 images: 206,922 parameters by default.
+
+    conv 3x3 -> ReLU -> pool 2x2 -> conv 3x3 -> ReLU -> pool 2x2 -> dense -> ReLU -> dense.
+    'SAME' padding keeps each convolution's map size, so the poolings take 28 -> 14 -> 7.
+    An ``nnx.Module`` is a plain Python object: ``__init__`` creates the layers (and
+    their parameters, from ``rngs``), ``__call__`` is the forward pass.
+
+    Args:
+        features: output channels of the two convolutions (default 16 and 32).
+        hidden: width of the dense hidden layer (default 128).
+        num_classes: output logits (10 for MNIST and Fashion-MNIST).
+        dtype: compute dtype of the layers (None: that of the inputs and parameters).
+        rngs: ``nnx.Rngs`` for the initialisation, e.g. ``nnx.Rngs(0)``.
+    """
+
+    def __init__(self, features=(16, 32), hidden=128, num_classes=10, *, dtype=None,
+                 rngs: nnx.Rngs):
+        c1, c2 = features
+        self.conv1 = nnx.Conv(1, c1, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
+        self.conv2 = nnx.Conv(c1, c2, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
+        self.dense = nnx.Linear(7 * 7 * c2, hidden, dtype=dtype, rngs=rngs)
+        self.out = nnx.Linear(hidden, num_classes, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if x.ndim == 3:  # (N, 28, 28) -> (N, 28, 28, 1): one channel, channels last
+            x = x[..., None]
+        x = self.pool(nnx.relu(self.conv1(x)))  # (N, 14, 14, c1)
+        x = self.pool(nnx.relu(self.conv2(x)))  # (N, 7, 7, c2)
+        x = x.reshape(x.shape[0], -1)  # flatten: (N, 7 * 7 * c2)
+        x = nnx.relu(self.dense(x))
+        return self.out(x)  # (N, num_classes) logits, no softmax
+
+    @staticmethod
+    def pool(x: jax.Array) -> jax.Array:
+        """2 x 2 average pooling, stride 2, written as a reshape and a mean.
+
+        The same numbers as ``nnx.avg_pool(x, (2, 2), strides=(2, 2))``, but its gradient
+        is a broadcast rather than a windowed reduction, which XLA's CPU backend runs
+        several times faster (on a TPU or GPU both are cheap).
+        """
+        n, h, w, c = x.shape
+        return x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
+
+# %%
+model = CNN(rngs=nnx.Rngs(0))
+params = nnx.state(model, nnx.Param)  # the arrays: an nnx.State, a pytree of nnx.Param
+for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [str(getattr(k, "key", "")) for k in path]  # e.g. conv1, kernel
+    name = ".".join(k for k in keys if k and k != "value")
+    print(f"{name:14s} {str(p.shape):18s} {p.size:>9,}")
+print(f"{'total':14s} {'':18s} {models.count_params(model):>9,}")
+print("logits:", model(jnp.zeros((2, 28, 28, 1))).shape)
+
+# %%
 mlp = models.MLP(rngs=nnx.Rngs(0))
 for name, m in (("CNN", model), ("MLP", mlp)):
     print(f"{name}: {models.count_params(m):>9,} parameters, "
           f"{models.forward_flops_per_image(m) / 1e6:.2f} MFLOP per image (forward)")
-logits = model(jnp.zeros((2, 28, 28, 1)))
-print("logits:", logits.shape)
 
 # %% [markdown]
-# The CNN has fewer parameters than the MLP but does over four times the arithmetic per
-# image: a convolution reuses each weight at every one of the 28 x 28 positions. That
-# reuse is what a matrix unit likes (chapter 4's arithmetic intensity).
+# The CNN has fewer parameters than the two-layer MLP of `models.MLP` but does four and a half times
+# the arithmetic per image: a convolution reuses each weight at every one of the 28 x 28
+# positions. That reuse is what a matrix unit likes (chapter 4's arithmetic intensity).
+# A training step costs about three times the forward pass: the backward pass computes
+# two products per layer (the gradient for the weights and the one for the layer's
+# input).
 #
-# ## 3. The train step
+# ## 3. The train step, the NNX way
 #
-# Everything a step changes lives in one pytree, `TrainState(step, params, opt_state)`.
-# The step is a pure function `(state, batch) -> (state, metrics)`:
+# The loss is the mean softmax cross-entropy of the batch. A batch is a
+# `Batch(images, labels, weights)` (below): the weight is 1 for a real example and 0 for
+# padding, so a padded batch gives exactly the loss of its real examples.
 #
-# ```python
-# (loss, logits), grads = jax.value_and_grad(train.loss_fn, has_aux=True)(state.params, graphdef, batch)
-# updates, opt_state = tx.update(grads, state.opt_state, state.params)
-# params = optax.apply_updates(state.params, updates)
-# return TrainState(state.step + 1, params, opt_state), {"loss": loss, ...}
-# ```
-#
-# `jax.jit(step, donate_argnums=0)` compiles it and *donates* the input state: XLA may
-# write the new parameters and Adam moments into the old buffers instead of allocating
-# new ones (the old `state` is unusable afterwards, which is fine: we never look back).
-# A batch carries a weight per example (1 real, 0 padding), so a padded batch gives
-# exactly the loss of its real examples.
+# The current Flax idiom keeps the model an object that the step changes in place:
+# `nnx.Optimizer(model, tx, wrt=nnx.Param)` holds the Optax optimizer `tx` and its state
+# (Adam's two moments per parameter), `nnx.value_and_grad` differentiates with respect to
+# the model's parameters, `optimizer.update(model, grads)` applies Adam's update to them,
+# and `nnx.jit` compiles the whole step, the model and the optimizer going in and coming
+# out updated.
 
 # %%
-tx = optax.adam(1e-3)
-graphdef, state = train.init_state(model, tx)
-step = jax.jit(train.make_train_step(graphdef, tx), donate_argnums=0)
+def nnx_loss(model, batch):
+    logits = model(models.prepare_images(batch.images))  # uint8 -> floats in [0, 1], on the chip
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels)
+    return jnp.sum(batch.weights * ce) / jnp.maximum(jnp.sum(batch.weights), 1.0)
+
+
+@nnx.jit
+def nnx_train_step(model, optimizer, batch):
+    loss, grads = nnx.value_and_grad(nnx_loss)(model, batch)
+    optimizer.update(model, grads)  # params <- params + Adam's update, in place
+    return loss
+
+# %%
 batch = next(train.batches(ds.train_images, ds.train_labels, 64, seed=0))
-losses = []
-for _ in range(20):  # the same batch, twenty times: the loss must fall
-    state, metrics = step(state, batch)
-    losses.append(float(metrics["loss"]))
+nnx_model = CNN(rngs=nnx.Rngs(0))
+optimizer = nnx.Optimizer(nnx_model, optax.adam(1e-3), wrt=nnx.Param)
+losses = [float(nnx_train_step(nnx_model, optimizer, batch)) for _ in range(20)]
 print(f"loss on one fixed batch: {losses[0]:.2f} -> {losses[-1]:.2f} after 20 steps")
-print("parameters still float32:", {x.dtype.name for x in jax.tree.leaves(state.params)})
 
 # %% [markdown]
-# ## 4. An input pipeline that keeps the chip fed
+# ### The same step as a pure function
+#
+# The other common NNX style, and the one the rest of the course uses, splits the model
+# once into its static structure (`graphdef`) and its arrays (`params`), and writes the
+# step as a pure function of arrays: `(state, batch) -> (new_state, metrics)`. Everything
+# a step changes lives in one pytree, `TrainState(step, params, opt_state)`; `nnx.merge`
+# rebuilds the module inside the loss; `jax.value_and_grad` and plain Optax
+# (`tx.update`, `optax.apply_updates`) do the rest. Being pure is what lets plain
+# `jax.jit` compile it, donate its input buffers, scan it over a whole epoch, and
+# (chapter 6) shard it over many chips unchanged. These are the package's own
+# definitions (`tpu_course.train`), shown here and kept equal to it by a test.
+
+# %%
+# Same code as tpu_course.train.Batch, tpu_course.train.TrainState
+class Batch(NamedTuple):
+    """One batch: uint8 images ``(B, 28, 28)``, int32 labels ``(B,)``, float32 weights ``(B,)``.
+
+    ``weights`` is 1 for a real example and 0 for padding: losses and accuracies are
+    weighted means, so a padded batch gives exactly the numbers of its real examples.
+    """
+
+    images: Any
+    labels: Any
+    weights: Any
+
+
+class TrainState(NamedTuple):
+    """Everything a training step changes, as one pytree: step count, params, optimizer state."""
+
+    step: Any  # int32 scalar
+    params: Any  # nnx.State of float32 nnx.Param arrays
+    opt_state: Any  # the optax state for ``params``
+
+# %%
+# Same code as tpu_course.train.loss_fn, tpu_course.train.make_train_step
+def loss_fn(params, graphdef, batch, compute_dtype=None):
+    """Weighted mean cross-entropy of a batch, and the float32 logits: ``(loss, logits)``.
+
+    ``loss = sum_i w_i * CE(logits_i, y_i) / max(sum_i w_i, 1)``: padding examples
+    (weight 0) count for nothing. ``compute_dtype=jnp.bfloat16`` runs the forward pass
+    on bf16 copies of the float32 parameters (mixed precision); the loss is float32.
+    """
+    if compute_dtype is not None:  # bf16 copies; gradients flow back to the float32 params
+        params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+    model = nnx.merge(graphdef, params)  # the structure and these parameters: a Module again
+    images = models.prepare_images(batch.images, compute_dtype or jnp.float32)  # uint8 -> [0, 1]
+    logits = model(images).astype(jnp.float32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels)
+    w = jnp.asarray(batch.weights, jnp.float32)
+    return jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1.0), logits
+
+
+def make_train_step(model_or_graphdef, tx, *, compute_dtype=None):
+    """The pure train step ``(state, batch) -> (new_state, {'loss', 'accuracy'})``.
+
+    Not jitted: ``jax.jit(step, donate_argnums=0)`` compiles it (chapter 5), and the same
+    function with shardings runs over many chips (chapter 6). ``model_or_graphdef`` is an
+    ``nnx.Module`` (only its structure is used) or the ``graphdef`` from :func:`init_state`;
+    ``tx`` is the optax optimizer whose state is ``state.opt_state``.
+    """
+    graphdef = model_or_graphdef
+    if isinstance(graphdef, nnx.Module):
+        graphdef = nnx.split(graphdef, nnx.Param, ...)[0]
+
+    def train_step(state, batch):
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)  # d(loss)/d(params); logits ride along
+        (loss, logits), grads = grad_fn(state.params, graphdef, batch, compute_dtype)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)  # Adam's maths
+        params = optax.apply_updates(state.params, updates)  # params + updates
+        w = jnp.asarray(batch.weights, jnp.float32)
+        hits = (jnp.argmax(logits, axis=-1) == batch.labels).astype(jnp.float32)
+        accuracy = jnp.sum(w * hits) / jnp.maximum(jnp.sum(w), 1.0)
+        return TrainState(state.step + 1, params, opt_state), {"loss": loss, "accuracy": accuracy}
+
+    return train_step
+
+# %% [markdown]
+# `jax.jit(step, donate_argnums=0)` *donates* the input state: XLA may write the new
+# parameters and Adam moments into the old buffers instead of allocating a second copy
+# (the old `state` is unusable afterwards, which is fine: we never look back). On a TPU
+# or GPU that halves the memory the state needs. The course donates only where
+# `runtime.donation_is_safe()` says so: on the CPU backend of jax 0.7.2 (Colab's stack
+# when this chapter was written) a donated step computed wrong numbers, so that function
+# runs three small steps donated and not, once per backend, and compares them.
+#
+# One step in each style, from the same initial weights and the same batch, gives the
+# same parameters:
+
+# %%
+def new_state(model, tx):
+    graphdef, params = nnx.split(model, nnx.Param)  # structure | arrays
+    return graphdef, TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+
+tx = optax.adam(1e-3)
+donate = (0,) if runtime.donation_is_safe() else ()
+graphdef, state = new_state(CNN(rngs=nnx.Rngs(0)), tx)
+step = jax.jit(make_train_step(graphdef, tx), donate_argnums=donate)
+state, metrics = step(state, batch)
+
+nnx_model = CNN(rngs=nnx.Rngs(0))
+optimizer = nnx.Optimizer(nnx_model, tx, wrt=nnx.Param)
+loss = nnx_train_step(nnx_model, optimizer, batch)
+diff = max(float(jnp.abs(a - b).max()) for a, b in
+           zip(jax.tree.leaves(nnx.state(nnx_model, nnx.Param)), jax.tree.leaves(state.params)))
+print(f"loss {float(metrics['loss']):.4f} (pure) vs {float(loss):.4f} (NNX); "
+      f"parameters agree to 1e-6: {diff < 1e-6}")
+
+# %% [markdown]
+# ## 4. The evaluation step
+#
+# Evaluation needs no gradient: the same loss, and the number of correct predictions.
+# It returns *sums*, so that batches of any fill add up exactly over the whole test set
+# (the last batch is padded with zero-weight examples: no test image is dropped).
+
+# %%
+# Same code as tpu_course.train.make_eval_step
+def make_eval_step(model_or_graphdef, *, compute_dtype=None):
+    """The pure eval step ``(params, batch) -> {'correct', 'loss_sum', 'count'}`` (sums).
+
+    Sums rather than means, so that batches of different fill add up exactly:
+    accuracy = sum(correct) / sum(count) over the whole test set.
+    """
+    graphdef = model_or_graphdef
+    if isinstance(graphdef, nnx.Module):
+        graphdef = nnx.split(graphdef, nnx.Param, ...)[0]
+
+    def eval_step(params, batch):
+        loss, logits = loss_fn(params, graphdef, batch, compute_dtype)
+        w = jnp.asarray(batch.weights, jnp.float32)
+        hits = (jnp.argmax(logits, axis=-1) == batch.labels).astype(jnp.float32)
+        return {"correct": jnp.sum(w * hits), "loss_sum": loss * jnp.sum(w), "count": jnp.sum(w)}
+
+    return eval_step
+
+# %%
+def evaluate(eval_step, params, images, labels, batch_size=1000):
+    """Accuracy and mean loss over every one of ``images``."""
+    totals = {"correct": 0.0, "loss_sum": 0.0, "count": 0.0}
+    for b in train.batches(images, labels, batch_size, shuffle=False, last_batch="pad"):
+        sums = eval_step(params, b)
+        totals = {k: totals[k] + sums[k] for k in totals}
+    return {"accuracy": float(totals["correct"] / totals["count"]),
+            "loss": float(totals["loss_sum"] / totals["count"]), "count": int(totals["count"])}
+
+
+eval_step = jax.jit(make_eval_step(graphdef))
+print("after one step:", evaluate(eval_step, state.params, ds.test_images, ds.test_labels)["count"],
+      "test images counted")
+
+# %% [markdown]
+# ## 5. An input pipeline that keeps the chip fed
 #
 # `train.batches` shuffles with a permutation seeded by (seed, epoch) and slices
 # fixed-size batches, so every step has one shape and nothing recompiles. The last
 # partial batch is either dropped (`last_batch='drop'`, the default for training: a new
 # permutation next epoch picks other leftovers) or padded with zero-weight examples
 # (`'pad'`, every example exactly once per epoch).
-#
-# `train.prefetch_to_device` keeps `depth` batches in flight: `jax.device_put` only
-# *starts* a copy, so while step i runs, batches i+1 ... i+depth are already travelling
-# to the device.
 
 # %%
 n = len(ds.train_images)
@@ -178,50 +399,139 @@ for mode in ("drop", "pad"):
           f"{len(np.unique(used)):,} distinct")
 
 # %% [markdown]
-# ## 5. Train
-#
-# `train.fit(config)` puts it together: it compiles the step ahead of time (timed apart),
-# trains with a progress bar, and evaluates on the **whole** test set after every epoch
-# (padded to full batches, so no test image is dropped). On a TPU or GPU the default
-# config runs each epoch as one compiled `lax.scan` over batches already in device
-# memory (`pipeline='device'`: one launch per epoch); on a CPU the notebook uses
-# `TrainConfig.quick()`, sized for a 2-core machine. That preset feeds batches from the
-# host (`pipeline='prefetch'`), because XLA's CPU backend runs a `lax.scan` of
-# convolutions several times slower than the same step launched batch by batch.
+# `jax.device_put` only *starts* a copy to the device and returns at once, and a jitted
+# step returns before it has finished too. So a queue that puts `depth` batches on the
+# device ahead of the one being used keeps the copies of batches i+1 ... i+depth
+# travelling while step i runs: the chip does not wait for the host.
 
 # %%
-config = train.TrainConfig.quick() if ON_CPU else train.TrainConfig()
-print(config)
+# Same code as tpu_course.train.prefetch_to_device
+def prefetch_to_device(iterator, depth=2, device=None):
+    """Yield the items of ``iterator`` as device arrays, ``depth`` transfers ahead.
 
-# %% tags=["nbval-ignore-output"]
-history = train.fit(config)
-print(history.summary())
+    ``jax.device_put`` is asynchronous: it starts the copy and returns at once. Keeping
+    a queue of ``depth`` items already put means that while the step for batch i runs
+    (also asynchronous), the copies of batches i+1 ... i+depth are in flight, so the chip
+    does not wait for the host. ``depth=0`` turns prefetching off (put, then yield).
 
-# %% tags=["nbval-ignore-output"]
-print(history.table())
+    ``device`` is anything ``jax.device_put`` accepts (a device, a sharding); None is
+    the default device.
+    """
+    if depth < 0:
+        raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+    queue = collections.deque()  # first in, first out: batches already on their way
+    for item in iterator:
+        queue.append(jax.device_put(item, device))  # starts the copy, returns at once
+        if len(queue) > depth:
+            yield queue.popleft()  # the oldest: its copy has had `depth` steps to finish
+    while queue:  # the source is empty: hand out what is still queued
+        yield queue.popleft()
 
 # %%
-# The same numbers, reduced to what does not vary run to run:
-print(f"trained {len(history.epochs)} epochs on {history.train_set}")
-print("test accuracy >= 97.6 % at the end:", history.test_accuracy[-1] >= 0.976)
+log = []
 
-# %%
-history.plot()
-plt.tight_layout()
-plt.show()
+
+def source(count=5):
+    for i in range(count):
+        log.append(f"put {i}")
+        yield np.full(4, i)
+
+
+for x in prefetch_to_device(source(), depth=2):
+    log.append(f"step on {int(x[0])}")
+print(", ".join(log))
 
 # %% [markdown]
-# ## 6. Where does it go wrong?
+# ## 6. The epoch loop
 #
-# `train.evaluate` runs the trained model on all 10,000 test images and returns the
-# predictions; the confusion matrix counts true class (rows) against predicted class
-# (columns).
+# Now the whole run: Adam with a short linear warm-up and a cosine decay of the learning
+# rate (`optax.warmup_cosine_decay_schedule`), the step compiled ahead of time so that
+# compilation is timed apart from training, and after every epoch an evaluation on all
+# 10,000 test images. Metrics stay on the device during the epoch (reading a loss with
+# `float()` would make the host wait for every step); the clock stops only when the last
+# state is ready (`jax.block_until_ready`). On a CPU three epochs of the 10,000-image
+# subset take seconds; on a TPU or GPU five epochs of whatever training set was loaded.
+
+# %%
+def train_epoch(step, state, images, labels, epoch, batch_size=64, depth=2):
+    losses = []
+    host = train.batches(images, labels, batch_size, seed=0, epoch=epoch)
+    for batch in tqdm(prefetch_to_device(host, depth), total=len(images) // batch_size,
+                      desc=f"epoch {epoch + 1}", leave=False):
+        state, metrics = step(state, batch)
+        losses.append(metrics["loss"])  # a device array: no waiting here
+    return state, jnp.stack(losses)
 
 # %% tags=["nbval-ignore-output"]
-trained = history.model
-ev = train.evaluate(trained, ds.test_images, ds.test_labels)
-print(ev)
-cm = train.confusion_matrix(ds.test_labels, ev.predictions)
+epochs, batch_size = (3, 64) if ON_CPU else (5, 64)
+steps_per_epoch = len(ds.train_images) // batch_size
+tx = optax.adam(optax.warmup_cosine_decay_schedule(0.0, 5e-3, 10, epochs * steps_per_epoch))
+graphdef, state = new_state(CNN(rngs=nnx.Rngs(0)), tx)
+
+t = time.perf_counter()
+probe = jax.device_put(next(train.batches(ds.train_images, ds.train_labels, batch_size)))
+step = jax.jit(make_train_step(graphdef, tx), donate_argnums=donate).lower(state, probe).compile()
+eval_step = jax.jit(make_eval_step(graphdef))
+compile_s = time.perf_counter() - t
+
+train_s, record = 0.0, []
+for epoch in range(epochs):
+    t = time.perf_counter()
+    state, losses = train_epoch(step, state, ds.train_images, ds.train_labels, epoch, batch_size)
+    jax.block_until_ready(state)
+    train_s += time.perf_counter() - t
+    ev = evaluate(eval_step, state.params, ds.test_images, ds.test_labels)
+    record.append((epoch + 1, float(losses.mean()), ev["accuracy"], train_s))
+    print(f"epoch {epoch + 1}: train loss {record[-1][1]:.4f}, test accuracy "
+          f"{ev['accuracy']:.2%} ({ev['count']:,} images), {train_s:.1f} s of training")
+print(f"compile {compile_s:.2f} s (measured apart); "
+      f"{epochs * steps_per_epoch * batch_size / train_s:,.0f} images/s on {rt.platform.upper()}")
+
+# %%
+# The same run, reduced to what does not vary from run to run:
+print(f"trained {epochs} epochs on {ds.train_set}, {int(state.step)} steps")
+print("test accuracy >= 97.6 % at the end:", record[-1][2] >= 0.976)
+
+# %% [markdown]
+# ## 7. Save and restore the training state (Orbax)
+#
+# A long run saves its state now and then, so that a preempted job (spot TPUs are
+# preempted) or tomorrow's session resumes where it stopped. Orbax is the JAX ecosystem's
+# checkpoint library: `ocp.StandardCheckpointer` writes any pytree of arrays, here the
+# whole `TrainState` (step count, parameters and Adam's moments), to a folder, in the
+# background (`wait_until_finished` waits for it). To restore, describe what you expect
+# (an *abstract* state: shapes and dtypes, no memory, from `jax.eval_shape`) and Orbax
+# fills it in, on the device.
+
+# %%
+checkpoint_dir = pathlib.Path(tempfile.mkdtemp()) / "mnist_cnn"  # Orbax wants an absolute path
+checkpointer = ocp.StandardCheckpointer()
+checkpointer.save(checkpoint_dir / f"step_{int(state.step)}", state)
+checkpointer.wait_until_finished()
+
+abstract_state = jax.eval_shape(lambda: new_state(CNN(rngs=nnx.Rngs(1)), tx)[1])
+leaves = jax.tree.leaves(abstract_state)
+print(f"abstract state: {len(leaves)} arrays, no memory, e.g. {leaves[-1]}")
+restored = checkpointer.restore(checkpoint_dir / f"step_{int(state.step)}", abstract_state)
+before = evaluate(eval_step, state.params, ds.test_images, ds.test_labels)
+after = evaluate(eval_step, restored.params, ds.test_images, ds.test_labels)
+print(f"restored step {int(restored.step)}; same test accuracy: {after == before}")
+
+# %% [markdown]
+# Resuming is then `state = restored` and the loop continues with epoch 4. (For many
+# checkpoints, keeping the last few and saving every N steps,
+# `ocp.CheckpointManager` wraps the same calls.)
+#
+# ## 8. Where does it go wrong?
+#
+# The confusion matrix counts true class (rows) against predicted class (columns).
+
+# %% tags=["nbval-ignore-output"]
+trained = nnx.merge(graphdef, state.params)
+logits = jnp.concatenate([trained(models.prepare_images(b.images)) for b in
+                          train.batches(ds.test_images, ds.test_labels, 1000, shuffle=False)])
+predictions = np.asarray(logits.argmax(-1))
+cm = train.confusion_matrix(ds.test_labels, predictions)
 off = cm - np.diag(np.diag(cm))
 i, j = np.unravel_index(off.argmax(), off.shape)
 print(f"most common confusion: true {i} predicted as {j} ({off[i, j]} times)")
@@ -233,29 +543,42 @@ for (r, c), v in np.ndenumerate(cm):
     if v:
         a0.text(c, r, v, ha="center", va="center", fontsize=6)
 a0.set(xlabel="predicted", ylabel="true", title="confusion matrix", xticks=range(10), yticks=range(10))
-wrong = np.flatnonzero(ev.predictions != ds.test_labels)[:24]
+wrong = np.flatnonzero(predictions != ds.test_labels)[:24]
 a1.axis("off")
 a1.set_title("misclassified test digits (true -> predicted)")
 for k, t in enumerate(wrong):
     ax = fig.add_axes([0.45 + (k % 8) * 0.068, 0.62 - (k // 8) * 0.27, 0.06, 0.2])
     ax.imshow(ds.test_images[t], cmap="gray_r")
-    ax.set_title(f"{ds.test_labels[t]}->{ev.predictions[t]}", fontsize=7)
+    ax.set_title(f"{ds.test_labels[t]}->{predictions[t]}", fontsize=7)
     ax.axis("off")
 plt.show()
 
 # %% [markdown]
-# ## 7. Make it fast
+# ## 9. Make it fast, and read the numbers honestly
 #
-# Each measurement below threads the training state through real steps
-# (`train.time_steps`: warm-up steps first, so compilation is excluded, and
-# `block_until_ready` at the end) or uses the chapter-4 harness `bench.benchmark`.
-# They ran on the runtime in the banner above: on a CPU they are CPU timings.
-#
+# The measurements below ran on the runtime in the banner: on a CPU they are CPU
+# timings. Each threads the training state through real steps (`train.time_steps`:
+# warm-up steps first, so compilation is excluded, and `block_until_ready` at the end)
+# or uses the chapter-4 harness `bench.benchmark`. Beside each, the committed result of
+# `make bench` on an accelerator, an NVIDIA H200 GPU (`bench/results/mnist-h200.json`,
+# shipped in the package as `train.accelerator_reference()`); the course has no
+# measured TPU result yet, and none is shown as one.
+
+# %%
+ref = train.accelerator_reference("mnist-h200")
+rows = {r["run"]: r for r in ref["rows"]}
+print(f"committed accelerator run: {rows['mnist device fp32']['device']}, jax "
+      f"{ref['jax_version']}, {ref['date_utc'][:10]}")
+for r in ref["rows"]:
+    print(f"  {r['run']:20s} {r['model']:12s} batch {r['batch']:4d} {r['pipeline']:9s} "
+          f"{r['dtype']:9s} {r['images_per_s']:>9,.0f} images/s  ({r['train_set']})")
+
+# %% [markdown]
 # **Input-pipeline stalls.** The same jitted step fed by host batches with prefetching off
 # (`depth=0`: slice on the host, copy, then step) and on (`depth=2`).
 
 # %% tags=["nbval-ignore-output"]
-steps = 8 if ON_CPU else 200
+timing_steps = 8 if ON_CPU else 200
 x, y = ds.train_images, ds.train_labels
 
 
@@ -270,74 +593,136 @@ def host_batches(batch_size, count):
 
 timing = {}
 for depth in (0, 2):
-    state, t = train.time_steps(step, state, train.prefetch_to_device(host_batches(64, steps), depth))
+    state, t = train.time_steps(step, state, prefetch_to_device(host_batches(64, timing_steps), depth))
     timing[depth] = t
-    print(f"prefetch depth {depth}: {t}")
-print(f"prefetch speed-up: {timing[0].seconds_per_step / timing[2].seconds_per_step:.2f}x")
+    print(f"prefetch depth {depth}: {t}  ({rt.platform.upper()})")
+print(f"prefetch speed-up on this runtime: "
+      f"{timing[0].seconds_per_step / timing[2].seconds_per_step:.2f}x")
+
+# %%
+on_device, host_fed = rows["mnist device fp32"], rows["mnist prefetch fp32"]
+print(f"H200 (committed): host-fed with prefetch {host_fed['images_per_s']:,.0f} images/s; "
+      f"data on the device, one launch per epoch {on_device['images_per_s']:,.0f} images/s "
+      f"({on_device['images_per_s'] / host_fed['images_per_s']:.0f}x)")
 
 # %% [markdown]
+# On a CPU prefetching gains next to nothing, and that is expected: the "device" is the
+# host's own memory, so `device_put` is a copy by the same cores that run the step, and
+# there is no separate link to overlap with computing. On an accelerator the copy crosses
+# PCIe (GPU) or the host link (TPU) while the chip computes, and for a model this small
+# the host's work per step (slicing, launching) is what limits speed: the committed H200
+# run trains an order of magnitude faster once the data lives on the device and one
+# launch runs a whole epoch (`train.make_device_epoch`, a `lax.scan` over the steps).
+# (That run did not time prefetch depth 0 against 2.)
+#
 # **Batch size vs throughput.** Bigger batches give the matrix units more work per
-# launch, until the chip is busy. Measured with `bench.benchmark` on the step without
+# launch, until the chip is busy. Measured with `bench.benchmark` on a step without
 # donation (the harness calls it again and again with the same inputs).
 
 # %% tags=["nbval-ignore-output"]
-plain_step = jax.jit(train.make_train_step(graphdef, tx))
+plain_step = jax.jit(make_train_step(graphdef, tx))
 sizes = (32, 256) if ON_CPU else (64, 256, 1024, 4096)
-fresh = train.init_state(models.CNN(rngs=nnx.Rngs(0)), tx)[1]
+fresh = new_state(CNN(rngs=nnx.Rngs(0)), tx)[1]
 for bs in sizes:
     b = jax.device_put(next(train.batches(x, y, bs, seed=0)))
     r = bench.benchmark(plain_step, fresh, b, warmup=1, repeats=3, min_time=0.0 if ON_CPU else 0.2,
                         warn=False)
-    print(f"batch {bs:5d}: {r.median_s * 1e3:8.2f} ms/step, {bs / r.median_s:12,.0f} images/s")
+    print(f"batch {bs:5d}: {r.median_s * 1e3:8.2f} ms/step, {bs / r.median_s:12,.0f} images/s "
+          f"({rt.platform.upper()})")
+
+# %%
+for run in ("mnist device fp32", "fashion device"):
+    r = rows[run]
+    features = tuple(int(c) for c in r["model"][4:-1].split(","))  # "cnn(16, 32)"
+    hidden = 256 if run == "fashion device" else 128  # bench_mnist.py's Fashion run: 256 wide
+    flops = 3 * models.forward_flops_per_image(models.CNN(features, hidden, rngs=nnx.Rngs(0)))
+    print(f"H200 (committed) {r['model']:12s} batch {r['batch']:4d}: {r['images_per_s']:>9,.0f} "
+          f"images/s x {flops / 1e6:5.1f} MFLOP = {r['images_per_s'] * flops / 1e12:5.1f} TFLOP/s")
 
 # %% [markdown]
-# **bf16 vs fp32, and donation.** `compute_dtype=jnp.bfloat16` runs the forward and
-# backward passes in bf16 (the matrix units' native input) while the parameters and the
-# optimizer stay float32. Donation saves allocating a second copy of the state each step.
-# A CPU has no bf16 matrix unit, so there bf16 is emulated and slower; on a TPU or a
-# recent GPU it is the fast path.
+# A CPU's cores are kept busy by a batch of 32 already, so a bigger batch adds work
+# without adding speed, and the larger activations fall out of cache: images per second
+# stay flat or drop. An accelerator has far more arithmetic than this small model at
+# batch 64 can use. The committed H200 rows show it, with a caveat: two things changed
+# at once (the Fashion-MNIST run uses a wider CNN, `cnn(32, 64)` with a 256-wide dense
+# layer, and batch 256), and together they got several times more arithmetic per second
+# out of the same chip. (Training FLOPs here are three times `models.forward_flops_per_image`.)
+#
+# **bf16 vs fp32.** `compute_dtype=jnp.bfloat16` runs the forward and backward passes
+# in bf16 (the matrix units' native input) while the parameters and the optimizer stay
+# float32.
 
 # %% tags=["nbval-ignore-output"]
 bs = 64 if ON_CPU else 1024
-variants = {
-    "fp32, donated": (None, True),
-    "fp32, not donated": (None, False),
-    "bf16, donated": (jnp.bfloat16, True),
-}
-for name, (dtype, donate) in variants.items():
-    fn = jax.jit(train.make_train_step(graphdef, tx, compute_dtype=dtype),
-                 donate_argnums=0 if donate else ())
-    s0 = train.init_state(models.CNN(rngs=nnx.Rngs(0)), tx)[1]
-    batches = [jax.device_put(b) for b in host_batches(bs, steps)]
-    _, t = train.time_steps(fn, s0, batches)
-    print(f"{name:18s} {t}")
+for name, dtype in (("fp32", None), ("bf16", jnp.bfloat16)):
+    fn = jax.jit(make_train_step(graphdef, tx, compute_dtype=dtype), donate_argnums=donate)
+    s0 = new_state(CNN(rngs=nnx.Rngs(0)), tx)[1]
+    _, t = train.time_steps(fn, s0, [jax.device_put(b) for b in host_batches(bs, timing_steps)])
+    print(f"{name}: {t}  ({rt.platform.upper()})")
+
+# %%
+fp32, bf16 = rows["mnist device fp32"], rows["mnist device bf16"]
+print(f"H200 (committed), batch {fp32['batch']}: fp32 {fp32['images_per_s']:,.0f} images/s, "
+      f"bf16 {bf16['images_per_s']:,.0f} images/s "
+      f"({bf16['images_per_s'] / fp32['images_per_s']:.2f}x); same test accuracy: "
+      f"{abs(bf16['test_accuracy'] - fp32['test_accuracy']) < 0.002}")
 
 # %% [markdown]
-# ## 8. The scoreboard
+# A CPU has no bf16 matrix unit: it converts bf16 to float32 and back around every
+# operation, so bf16 is slower there. On the H200 bf16 reaches the same accuracy, but at
+# batch 64 this model is too small to be limited by matrix arithmetic, so bf16 buys no
+# speed either: the same 2.4 MFLOP per image that keeps a CPU busy is a rounding error
+# for a chip built for large matmuls. bf16 pays where the matmuls are large (chapter 4
+# measured it on one matmul), and it always halves the bytes of activations that must be
+# stored for the backward pass.
 #
-# Time-to-accuracy and throughput come from the `History` that `fit` returned, never
-# typed by hand: `train_time_s` counts training steps only; compilation is reported
-# apart, and the wall time includes everything (data, compilation, evaluation).
+# ## 10. The scoreboard
+#
+# Time-to-accuracy and throughput come from the run above, never typed by hand: training
+# time counts training steps only; compilation is reported apart.
 
 # %% tags=["nbval-ignore-output"]
 print(rt.banner())
-print(train.time_to_accuracy(history, 0.976))
-print(f"throughput {history.images_per_s:,.0f} images/s; compile {history.compile_time_s:.2f} s "
-      f"(measured apart); {config.pipeline} pipeline, {config.compute_dtype}")
+hit = next((r for r in record if r[2] >= 0.976), None)
+if hit:
+    print(f"97.6 % reached after epoch {hit[0]} ({hit[2]:.2%}): {hit[3]:.2f} s of training, "
+          f"{hit[3] + compile_s:.2f} s with compilation")
+else:
+    print(f"97.6 % not reached in {epochs} epochs (best {max(r[2] for r in record):.2%})")
 
 # %% [markdown]
-# `make bench` (`bench/bench_mnist.py`) runs the same measurement at full size and writes
-# `bench/results/mnist-<device>.json` with the device named. On an NVIDIA H200 (the committed
-# `mnist-h200.json`) the on-device
-# pipeline reaches 97.6 % in a small fraction of a second of training steps, while
-# compiling the step takes seconds: that is why the two are reported apart, and why a
-# single "time to 97.6 %" without saying what it includes cannot be compared.
+# `train.fit(config)` (in `tpu_course.train`) is this loop packaged, with a progress bar,
+# a `History` of every epoch, and on a TPU or GPU the faster on-device pipeline: the
+# whole training set in device memory and each epoch one compiled `lax.scan`.
+# `make bench` (`bench/bench_mnist.py`) runs it and writes
+# `bench/results/mnist-<device>.json`. The committed MNIST rows did **not** run at full
+# size: they trained on the offline 10,000-image subset (what the machine that ran them
+# had), on the H200 for 6 epochs per pipeline and dtype, on the CPU for the 3-epoch
+# `TrainConfig.quick()` preset; only the H200's Fashion-MNIST row used a full 60,000-image
+# training set. The cell below prints what each row trained on, from the files.
+
+# %%
+for r in ref["rows"]:
+    print(f"{r['device']:16s} {r['run']:20s} {r['epochs']} epochs on {r['train_set']}: "
+          f"test accuracy {r['test_accuracy']:.2%}, 97.6 % after "
+          + (f"{r['time_to_976_train_s']:.2f} s of training ({r['compile_s']:.1f} s compile)"
+             if r["time_to_976_train_s"] is not None else "n/a (no 97.6 % target for Fashion-MNIST)"))
+
+# %% [markdown]
+# On the H200 the on-device pipeline reaches 97.6 % in a small fraction of a second of
+# training steps, while compiling the step takes seconds: that is why the two are
+# reported apart, and why a single "time to 97.6 %" that does not say what it includes
+# cannot be compared with another.
 #
 # **Takeaways**
-# - Keep the state in one pytree and the step pure: then `jit`, donation and (chapter 6)
-#   sharding all apply to it unchanged.
+# - A Flax NNX model is a Python object; `nnx.Optimizer` + `nnx.value_and_grad` +
+#   `nnx.jit` give a step that updates it in place. The same step as a pure function of
+#   one state pytree (`nnx.split`, `nnx.merge`, Optax) is what `jax.jit`, donation, and
+#   chapter 6's sharding apply to unchanged.
 # - Send `uint8` and convert on the chip; keep every batch the same shape (drop or pad).
 # - Feed the chip ahead of time (prefetch), or better, keep the data on the chip and run a
 #   whole epoch per launch.
+# - Checkpoint the whole state (parameters and optimizer) with Orbax; restore into an
+#   abstract state.
 # - Report compile time apart from training time, evaluate on the full test set, and say
 #   which runtime measured what.

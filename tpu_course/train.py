@@ -107,12 +107,6 @@ class TrainState(NamedTuple):
     opt_state: Any  # the optax state for ``params``
 
 
-def _graphdef(model_or_graphdef: Any) -> Any:
-    if isinstance(model_or_graphdef, nnx.Module):
-        return nnx.split(model_or_graphdef, nnx.Param, ...)[0]
-    return model_or_graphdef
-
-
 def init_state(model: nnx.Module, tx: optax.GradientTransformation) -> tuple[Any, TrainState]:
     """Split ``model`` into its static ``graphdef`` and a fresh :class:`TrainState`.
 
@@ -139,80 +133,63 @@ def to_model(graphdef: Any, state_or_params: Any) -> nnx.Module:
 # --------------------------------------------------------------------------- the step
 
 
-def _cast_floats(tree: Any, dtype: Any) -> Any:
-    return jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+def loss_fn(params, graphdef, batch, compute_dtype=None):
+    """Weighted mean cross-entropy of a batch, and the float32 logits: ``(loss, logits)``.
 
-
-def loss_fn(params: Any, graphdef: Any, batch: Batch,
-            compute_dtype: Any = None) -> tuple[jax.Array, jax.Array]:
-    """Weighted mean softmax cross-entropy of a batch, and the float32 logits.
-
-    ``loss = sum_i w_i * CE(logits_i, y_i) / max(sum_i w_i, 1)``, with ``CE`` the
-    cross-entropy of integer labels (``optax.softmax_cross_entropy_with_integer_labels``).
-    ``compute_dtype`` (e.g. ``jnp.bfloat16``) casts parameters and images for the forward
-    pass; the logits and the loss are float32.
+    ``loss = sum_i w_i * CE(logits_i, y_i) / max(sum_i w_i, 1)``: padding examples
+    (weight 0) count for nothing. ``compute_dtype=jnp.bfloat16`` runs the forward pass
+    on bf16 copies of the float32 parameters (mixed precision); the loss is float32.
     """
-    dtype = jnp.dtype(compute_dtype) if compute_dtype is not None else jnp.float32
-    if compute_dtype is not None:
-        params = _cast_floats(params, dtype)
-    model = nnx.merge(graphdef, params)
-    logits = model(models.prepare_images(batch.images, dtype)).astype(jnp.float32)
+    if compute_dtype is not None:  # bf16 copies; gradients flow back to the float32 params
+        params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+    model = nnx.merge(graphdef, params)  # the structure and these parameters: a Module again
+    images = models.prepare_images(batch.images, compute_dtype or jnp.float32)  # uint8 -> [0, 1]
+    logits = model(images).astype(jnp.float32)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels)
     w = jnp.asarray(batch.weights, jnp.float32)
     return jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1.0), logits
 
 
-def _accuracy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
-    hit = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    w = jnp.asarray(weights, jnp.float32)
-    return jnp.sum(w * hit) / jnp.maximum(jnp.sum(w), 1.0)
-
-
-def make_train_step(model_or_graphdef: Any, tx: optax.GradientTransformation, *,
-                    compute_dtype: Any = None) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+def make_train_step(model_or_graphdef, tx, *, compute_dtype=None):
     """The pure train step ``(state, batch) -> (new_state, {'loss', 'accuracy'})``.
 
-    One step of gradient descent: ``loss, grads = value_and_grad(loss_fn)(params)``,
-    ``updates, opt_state = tx.update(grads, opt_state, params)``,
-    ``params = optax.apply_updates(params, updates)``. Not jitted: wrap it in
-    ``jax.jit(step, donate_argnums=0)`` (donation lets XLA write the new parameters and
-    optimizer moments into the old buffers), or with shardings in chapter 6.
-
-    Args:
-        model_or_graphdef: an ``nnx.Module`` (only its structure is used) or the
-            ``graphdef`` from :func:`init_state`.
-        tx: the optax optimizer whose state is in ``TrainState.opt_state``.
-        compute_dtype: None (float32) or ``jnp.bfloat16`` for mixed precision.
+    Not jitted: ``jax.jit(step, donate_argnums=0)`` compiles it (chapter 5), and the same
+    function with shardings runs over many chips (chapter 6). ``model_or_graphdef`` is an
+    ``nnx.Module`` (only its structure is used) or the ``graphdef`` from :func:`init_state`;
+    ``tx`` is the optax optimizer whose state is ``state.opt_state``.
     """
-    graphdef = _graphdef(model_or_graphdef)
+    graphdef = model_or_graphdef
+    if isinstance(graphdef, nnx.Module):
+        graphdef = nnx.split(graphdef, nnx.Param, ...)[0]
 
-    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, graphdef, batch, compute_dtype)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "accuracy": _accuracy(logits, batch.labels, batch.weights)}
-        return TrainState(state.step + 1, params, opt_state), metrics
+    def train_step(state, batch):
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)  # d(loss)/d(params); logits ride along
+        (loss, logits), grads = grad_fn(state.params, graphdef, batch, compute_dtype)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)  # Adam's maths
+        params = optax.apply_updates(state.params, updates)  # params + updates
+        w = jnp.asarray(batch.weights, jnp.float32)
+        hits = (jnp.argmax(logits, axis=-1) == batch.labels).astype(jnp.float32)
+        accuracy = jnp.sum(w * hits) / jnp.maximum(jnp.sum(w), 1.0)
+        return TrainState(state.step + 1, params, opt_state), {"loss": loss, "accuracy": accuracy}
 
     return train_step
 
 
-def make_eval_step(model_or_graphdef: Any, *, compute_dtype: Any = None
-                   ) -> Callable[[Any, Batch], dict]:
+def make_eval_step(model_or_graphdef, *, compute_dtype=None):
     """The pure eval step ``(params, batch) -> {'correct', 'loss_sum', 'count'}`` (sums).
 
     Sums rather than means, so that batches of different fill add up exactly:
     accuracy = sum(correct) / sum(count) over the whole test set.
     """
-    graphdef = _graphdef(model_or_graphdef)
+    graphdef = model_or_graphdef
+    if isinstance(graphdef, nnx.Module):
+        graphdef = nnx.split(graphdef, nnx.Param, ...)[0]
 
-    def eval_step(params: Any, batch: Batch) -> dict:
+    def eval_step(params, batch):
         loss, logits = loss_fn(params, graphdef, batch, compute_dtype)
         w = jnp.asarray(batch.weights, jnp.float32)
-        count = jnp.sum(w)
-        hit = (jnp.argmax(logits, axis=-1) == batch.labels).astype(jnp.float32)
-        return {"correct": jnp.sum(w * hit), "loss_sum": loss * count, "count": count}
+        hits = (jnp.argmax(logits, axis=-1) == batch.labels).astype(jnp.float32)
+        return {"correct": jnp.sum(w * hits), "loss_sum": loss * jnp.sum(w), "count": jnp.sum(w)}
 
     return eval_step
 
@@ -266,8 +243,7 @@ def batches(images: np.ndarray, labels: np.ndarray, batch_size: int, *, seed: in
         yield Batch(images[i], labels[i].astype(np.int32), w)
 
 
-def prefetch_to_device(iterator: Iterable[Any], depth: int = 2,
-                       device: Any = None) -> Iterator[Any]:
+def prefetch_to_device(iterator, depth=2, device=None):
     """Yield the items of ``iterator`` as device arrays, ``depth`` transfers ahead.
 
     ``jax.device_put`` is asynchronous: it starts the copy and returns at once. Keeping
@@ -279,13 +255,18 @@ def prefetch_to_device(iterator: Iterable[Any], depth: int = 2,
     the default device.
     """
     if depth < 0:
+<<<<<<< HEAD
         raise errors.CourseValueError(f"prefetch depth must be >= 0, got {depth}")
     queue: collections.deque = collections.deque()
+=======
+        raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+    queue = collections.deque()  # first in, first out: batches already on their way
+>>>>>>> issue-11b
     for item in iterator:
-        queue.append(jax.device_put(item, device))
+        queue.append(jax.device_put(item, device))  # starts the copy, returns at once
         if len(queue) > depth:
-            yield queue.popleft()
-    while queue:
+            yield queue.popleft()  # the oldest: its copy has had `depth` steps to finish
+    while queue:  # the source is empty: hand out what is still queued
         yield queue.popleft()
 
 
@@ -679,6 +660,32 @@ def time_to_accuracy(history: History, target: float = 0.976) -> TimeToAccuracy:
                                   e.train_time_s + history.compile_time_s, e.wall_time_s,
                                   history.device)
     return TimeToAccuracy(target, False, None, None, None, None, None, history.device)
+
+
+# --------------------------------------------------------------------------- reference runs
+
+#: Committed ``make bench`` results shipped inside the package, so that a notebook shows
+#: them on any runtime (Colab included), not only in a clone of the repository.
+REFERENCE_DIR = pathlib.Path(__file__).resolve().parent / "reference"
+
+
+def accelerator_reference(name: str = "mnist-h200") -> dict:
+    """A committed benchmark result: ``bench/results/<name>.json`` as ``make bench`` wrote it.
+
+    Measured, not sourced: each holds the device, the date and the jax version of the run
+    that produced it, and its rows (see ``bench/bench_mnist.py``). Chapter 5 shows the
+    H200's rows beside its own CPU measurements. A test keeps the copy in
+    ``tpu_course/reference/`` equal to the one in ``bench/results/``.
+
+    >>> ref = accelerator_reference()
+    >>> ref["device"], sorted({r["train_set"].split(":")[0] for r in ref["rows"]})
+    ('h200', ['fashion_mnist', 'mnist'])
+    """
+    path = REFERENCE_DIR / f"{name}.json"
+    if not path.exists():
+        known = sorted(p.stem for p in REFERENCE_DIR.glob("*.json"))
+        raise ValueError(f"no committed result {name!r}; the package ships {known}")
+    return json.loads(path.read_text())
 
 
 # --------------------------------------------------------------------------- checkpoints
