@@ -147,6 +147,7 @@ def record_prediction(predicted: Any) -> str:
     """Check a prediction's form and echo it (it stays a variable of the notebook: the
     graders read it from there). Not graded here: exercise 1's check grades it."""
     if is_not_written(predicted):
+        print(f"{T1}: not written yet")
         return "not written yet"
     parsed = _prediction(T1, predicted)
     if isinstance(parsed, CheckResult):
@@ -308,8 +309,8 @@ def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult
         return fail(T3, f"on the v5e-8 the largest gradient ({big.dtype}{list(big.shape)}) "
                         f"goes through another kind than {predicted_v5e_kind!r}",
                     hint=hint, answer=kind)
-    return ok(T3, f"on the v5e-8 the gradients go through a {kind} ({big.name} in the fusion "
-                  f"{big.fused_in}); its operand is the whole gradient, as on the CPU, but "
+    return ok(T3, f"on the v5e-8 the gradients go through a {kind} (an all-reduce sliced to each "
+                  f"shard in one fusion); its operand is the whole gradient, as on the CPU, but "
                   f"each chip receives only its shard: half the ring traffic of an all-reduce. "
                   f"All kinds: {dict(sorted(compiled.items()))}")
 
