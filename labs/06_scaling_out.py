@@ -129,7 +129,7 @@ leaves = NotWritten("Exercise 1 (predict FSDP's collectives)")
 predicted_fsdp = NotWritten("Exercise 1 (predict FSDP's collectives)")
 
 # %%
-ch06.record_prediction(predicted_fsdp);
+ch06.record_prediction(predicted_fsdp)
 
 # %% [markdown]
 # ## Exercise 2: FSDP of the chapter-5 model, by annotations alone

@@ -133,7 +133,7 @@ predicted_fsdp = {  # fp32: 4 bytes per element
 ### END SOLUTION
 
 # %%
-ch06.record_prediction(predicted_fsdp);
+ch06.record_prediction(predicted_fsdp)
 
 # %% [markdown]
 # ## Exercise 2: FSDP of the chapter-5 model, by annotations alone
