@@ -22,7 +22,8 @@
 # model written in the scaling book's notation (`tpu_course.comms`). Then it writes a
 # collective by hand, compares torus and switch topologies, crosses slices over the
 # data-centre network, runs a pipeline, runs as two processes, proves the sharded runs
-# equal the single-device run, and prices the result.
+# equal the single-device run, and prices the result. Where this runs on a CPU, the 8
+# devices are simulated: every timing printed is a CPU timing, never a TPU timing.
 #
 # **Three tiers, one notebook.** Each output says which tier produced it:
 #
@@ -30,7 +31,7 @@
 # | --- | --- | --- |
 # | **sim** | 8 simulated CPU devices | everywhere (forced onto the CPU platform) |
 # | **real** | the chips of this runtime | only when it has several |
-# | **aot** | compile-only TPU topologies (`v5e:2x4` = a Kaggle v5e-8, `v5e:16x16` = a pod) | where `libtpu` is installed |
+# | **aot** | compile-only TPU topologies (`v5e:2x4` = a Kaggle v5e-8) | where `libtpu` matching this jax is installed |
 #
 # **Notation** (the scaling book's): $V$ bytes in a collective, $|X|$ devices on the mesh
 # axis, $W_{ici}$ the *bidirectional* ICI bandwidth per axis, $C$ peak FLOP/s per chip,
@@ -83,87 +84,165 @@ rt = runtime.describe()
 print(rt.banner())
 
 # %% tags=["nbval-ignore-output"]
+import re
+from typing import Any, Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_course import comms, hardware, hlo, parallel
 
-mesh = parallel.cpu_mesh((8,), ("data",))  # sim tier: the CPU devices, even beside a TPU
+STRATEGIES = parallel.STRATEGIES
 real_chips = rt.device_count if rt.platform != "cpu" else 0
 HAVE_TPU_COMPILER = hlo.tpu_compiler_available()
-print(f"sim tier: {mesh.devices.size} CPU devices on axis 'data'")
+print(f"jax {jax.__version__}; sim tier: {len(jax.devices('cpu'))} CPU devices")
 print(f"real tier: {'%d %s chips' % (real_chips, rt.device_kind) if real_chips > 1 else 'not available (fewer than 2 chips)'}")
-print(f"aot tier: {'libtpu present' if HAVE_TPU_COMPILER else 'libtpu missing: compile-only cells will skip'}")
+print(f"aot tier: {'the TPU compiler is available' if HAVE_TPU_COMPILER else 'unavailable: ' + str(hlo.tpu_compiler_problem())}")
 
 # %% [markdown]
 # ## 1. Meshes, `NamedSharding`, `PartitionSpec`
 #
-# A **mesh** names the axes of a grid of devices. A `PartitionSpec` says, per array
-# dimension, which mesh axis splits it (`None`: not split, so every device along that
-# axis holds a copy). `NamedSharding(mesh, spec)` joins the two, and `jax.device_put`
-# lays the array out. `parallel.layout` draws which device holds each block.
+# A **mesh** names the axes of a grid of devices: `jax.make_mesh((2, 4), ("x", "y"))`.
+# A `PartitionSpec` says, per array dimension, which mesh axis splits it (`None`: not
+# split, so every device along that axis holds a copy). `NamedSharding(mesh, spec)` joins
+# the two, and `jax.device_put` lays the array out. `jax.debug.visualize_array_sharding`
+# draws which device holds each block.
 #
-# The mesh's axis types are set on purpose: `parallel.make_mesh` builds `Auto` axes,
-# where `jit` with shardings lets XLA's partitioner choose the collectives (what this
-# chapter inspects). Recent JAX's own `jax.make_mesh` defaults to `Explicit` axes, where
-# the sharding is part of each array's type; `explicit=True` asks for those.
+# **Axis types, on purpose.** With `AxisType.Auto` axes, `jax.jit` with shardings lets
+# XLA's partitioner choose the collectives: what this chapter reads in the HLO. With
+# `AxisType.Explicit` the sharding becomes part of each array's type and JAX decides at
+# trace time. `jax.make_mesh`'s default changed between the versions the course supports
+# (jax 0.7.2: `Auto`; jax 0.8 and later: `Explicit`), so this chapter always passes
+# `axis_types`. Both kinds exist from the course's floor, jax 0.7.2, onward.
 
 # %%
-mesh2d = parallel.cpu_mesh((2, 4), ("x", "y"))
+cpus = jax.devices("cpu")[:8]  # the sim tier: the simulated CPU devices, even beside a TPU
+mesh2d = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2, devices=cpus)
 a = jnp.arange(64.0).reshape(8, 8)
-for spec in (P("x", "y"), P("x", None), P(None, "y"), P()):
+for spec in (P("x", "y"), P("x", None), P()):
     placed = jax.device_put(a, NamedSharding(mesh2d, spec))
-    blocks = parallel.layout(placed)
-    shard = placed.addressable_shards[0].data.shape
-    print(f"[sim] {str(spec):<22} each device holds {shard}; device id of each block:\n{blocks}\n")
+    print(f"[sim] {spec}: each device holds {placed.addressable_shards[0].data.shape}")
+    jax.debug.visualize_array_sharding(placed)
 
 # %% [markdown]
 # `P('x', 'y')` cuts the 8x8 array into a 2x4 grid of 4x2 blocks, one per device.
 # `P('x', None)` cuts only the rows, so the 4 devices along `y` hold copies of the same
-# half (the picture shows the lowest id of each group); `P()` replicates everything.
-#
-# ## 2. Data parallelism: the all-reduce XLA inserts
+# half; `P()` replicates everything. With an **explicit** axis the sharding shows in the
+# array's type (`16@data`: 16 rows split over `data`), and a jitted matmul's result
+# carries its own:
+
+# %%
+emesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,), devices=cpus)
+xe = jax.device_put(jnp.ones((16, 4)), NamedSharding(emesh, P("data")))
+print("[sim] input:", jax.typeof(xe), "  x @ w:", jax.typeof(jax.jit(jnp.matmul)(xe, jnp.ones((4, 4)))))
+
+# %% [markdown]
+# ## 2. Sharding by annotations: the collectives XLA inserts
 #
 # The model of this section is a transformer's feed-forward block, `relu(x @ w1) @ w2`
-# with `w1: [D, F]`, `w2: [F, D]`, trained one SGD step on a squared error.
-# `parallel.mlp_block_step` writes each strategy with `shard_map`, so every collective is
-# one the strategy needs; `comms.collective_bytes` predicts them; `hlo.inspect` compiles
-# the step (without running it) and lists what XLA emitted. Under DP the weights are
-# replicated and the batch split: each device's gradient covers its slice of the batch,
-# so the gradients are summed over devices, an **all-reduce**.
+# with `w1: [D, F]`, `w2: [F, D]`, trained one SGD step on a squared error. The step is
+# the single-device one; the strategies differ only in the `PartitionSpec`s handed to
+# `jax.jit` (`in_shardings`, `out_shardings`). FSDP adds one annotation inside the loss:
+# each weight is constrained to be whole where it is used, which is FSDP's "gather it
+# before use". This code is the package's (`tpu_course.parallel`), shown here because the
+# lab and the tests reuse it:
+
+# %%
+# Same code as tpu_course.parallel.mlp_block, tpu_course.parallel.block_loss, tpu_course.parallel.mlp_block_specs, tpu_course.parallel.sharded_block_step
+def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array,
+              precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
+    """``relu(x @ w1) @ w2``: the feed-forward block of a transformer layer.
+
+    The matmuls ask for ``Precision.HIGHEST`` (true fp32) so that every strategy's
+    result equals the single-device one. With ``precision=None`` (JAX's default) the TPU
+    compiler feeds the matrix units bf16 and moves that conversion before FSDP's
+    all-gathers, which then move half the bytes (chapter 6 shows it in the HLO).
+    """
+    hidden = jax.nn.relu(jnp.matmul(x, w1, precision=precision))
+    return jnp.matmul(hidden, w2, precision=precision)
+
+def block_loss(params: dict, x: jax.Array, y: jax.Array,
+               precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
+    """The mean squared error of :func:`mlp_block` on one batch."""
+    return jnp.mean((mlp_block(params["w1"], params["w2"], x, precision) - y) ** 2)
+
+def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
+    """(parameter specs, batch spec) of the MLP block under a strategy.
+
+    ``w1`` is ``[D, F]``, ``w2`` is ``[F, D]``, the batch ``x`` is ``[B, D]``.
+    """
+    if strategy == "dp":  # replicate the weights, split the batch
+        return {"w1": P(), "w2": P()}, P(axis)
+    if strategy == "fsdp":  # split the weights (first axis) and the batch
+        return {"w1": P(axis), "w2": P(axis)}, P(axis)
+    if strategy == "tp":  # Megatron: w1 by columns, w2 by rows; every device sees the batch
+        return {"w1": P(None, axis), "w2": P(axis, None)}, P()
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+
+def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None,
+                       precision: Any = jax.lax.Precision.HIGHEST) -> Callable:
+    """One SGD step of the MLP block, sharded by annotations only: XLA writes the collectives.
+
+    The step is the single-device one; ``jax.jit``'s ``in_shardings`` and
+    ``out_shardings`` say where each array lives. FSDP adds one more annotation: inside
+    the loss each weight is constrained to be whole (replicated), which is FSDP's "gather
+    the weight before using it"; the gradient then flows back to the shards.
+    """
+    axis = axis or mesh.axis_names[0]
+    param_specs, batch_spec = mlp_block_specs(strategy, axis)
+    param_sharding = {name: NamedSharding(mesh, spec) for name, spec in param_specs.items()}
+    batch_sharding = NamedSharding(mesh, batch_spec)
+    replicated = NamedSharding(mesh, P())
+
+    def loss(params, x, y):
+        if strategy == "fsdp":  # use each weight whole: XLA all-gathers the shards here
+            params = jax.lax.with_sharding_constraint(params, replicated)
+        return block_loss(params, x, y, precision)
+
+    def step(params, x, y):
+        loss_value, grads = jax.value_and_grad(loss)(params, x, y)
+        return jax.tree.map(lambda p, g: p - lr * g, params, grads), loss_value
+
+    return jax.jit(step, in_shardings=(param_sharding, batch_sharding, batch_sharding),
+                   out_shardings=(param_sharding, replicated))
+
+# %% [markdown]
+# `hlo.inspect` compiles a step at abstract arguments (`jax.ShapeDtypeStruct`s that carry
+# their shardings: nothing runs) and lists every collective in the optimised HLO, with
+# its operand bytes on one device; `comms.collective_bytes` is the cost model's
+# prediction for the same step. **Data parallelism** first: weights replicated, batch
+# split, so each device's gradient covers its slice of the batch and the gradients must
+# be summed over devices: an **all-reduce**.
 
 # %%
 B, D, F = 64, 256, 1024
 SHAPES = {"w1": (D, F), "w2": (F, D)}
+mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=cpus)
 
 
-def compare(strategy, mesh, target=None):
-    """Compile the strategy's step, and set its collectives beside the cost model's."""
+def compare(step_fn, strategy, mesh, target=None, **kw):
+    """Compile one strategy's step; return the report, its collectives and the cost model's."""
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
-    report = hlo.inspect(parallel.mlp_block_step(strategy, mesh), *args, target=target)
-    compiled = parallel.observed_collectives(report)
+    report = hlo.inspect(step_fn(strategy, mesh, **kw), *args, target=target)
     plan = comms.collective_bytes(strategy, SHAPES, devices=mesh.devices.size, batch=B, d_out=D)
-    return report, compiled, plan
+    return report, parallel.observed_collectives(report), plan
 
 
-dp_report, dp_compiled, dp_plan = compare("dp", mesh)
-print("[sim] in the compiled HLO:")
+dp_report, dp_compiled, dp_plan = compare(sharded_block_step, "dp", mesh)
+print("[sim] the collective lines of the optimised HLO:")
+for line in dp_report.lines("all-reduce"):
+    print("   ", line[:150])
+print("[sim] what XLA inserted:")
 for c in dp_report.collectives:
     print("   ", c)
-print("[sim] predicted:", dp_plan.by_kind())
-print("[sim] compiled: ", dp_compiled)
-print("[sim] equal:", dp_compiled == dp_plan.by_kind())
+print(dp_plan)
+print("[sim] compiled", dp_compiled, "== predicted:", dp_compiled == dp_plan.by_kind())
 
 # %% [markdown]
-# Three arrays are summed: the two gradients (1 MiB each in fp32) and the scalar loss
-# (`pmean`). The HLO line itself:
-
-# %%
-print("\n".join(line[:160] for line in dp_report.lines("all-reduce")[:3]))
-
-# %% [markdown]
+# Three arrays are summed: the two gradients (1 MiB each in fp32) and the scalar loss.
+#
 # **What it costs on real chips.** A ring all-reduce of $V$ bytes over $|X|$ chips on a
 # wrapped axis takes $T = 2V\,(|X|-1)/|X| \,/\, W_{ici}$ (the book's $2V/W_{ici}$), with a
 # latency floor of about 1 µs per hop. The same prediction, scaled to a real layer
@@ -188,48 +267,90 @@ for name in ("v5e", "v6e", "v5p"):
           f"per chip on one axis, {comms.dp_min_tokens_per_chip(name, axes=2):,.0f} on two")
 
 # %% [markdown]
-# ## 3. FSDP: all-gather and reduce-scatter
+# ### FSDP: all-gather, then a reduce-scatter (or what the backend makes of it)
 #
 # FSDP (ZeRO-3) shards the weights (and optimizer state) like the batch. Before a layer
-# runs, its weight is **all-gathered**; its gradient only has to be summed for the shard
-# a device owns, so the gradients are **reduce-scattered**. An all-reduce *is* a
-# reduce-scatter plus an all-gather, so FSDP moves the same bytes as DP for the gradients
-# plus the forward gathers (the book: $4DF + 8DF$ per layer against $8DF$).
+# runs, its weight is **all-gathered**; its gradient only has to be summed for the shard a
+# device owns: a **reduce-scatter**. An all-reduce *is* a reduce-scatter plus an
+# all-gather, so FSDP moves the gradient bytes of DP plus the forward gathers (the book:
+# $4DF + 8DF$ per layer against $8DF$).
 
 # %%
-fsdp_report, fsdp_compiled, fsdp_plan = compare("fsdp", mesh)
+fsdp_report, fsdp_compiled, fsdp_plan = compare(sharded_block_step, "fsdp", mesh)
 for c in fsdp_report.collectives:
     print("[sim]   ", c)
 print(fsdp_plan)
-print("[sim] equal:", fsdp_compiled == fsdp_plan.by_kind())
+print("[sim] compiled:", fsdp_compiled)
 
 # %% [markdown]
-# Note the `bytes` convention (the `hlo` module's): the operand each device hands over,
-# so an all-gather counts the 1/8 shard and a reduce-scatter the whole gradient.
+# The all-gathers match the model exactly (each device hands over its 1/8 shard). The
+# gradients do not come out as reduce-scatters: **XLA's CPU backend all-reduces each
+# whole gradient and every device then keeps its slice**. The operand bytes per device
+# are the same (the whole gradient goes in either way), but an all-reduce delivers the
+# whole sum to every device, twice the ring traffic of a reduce-scatter. The TPU
+# compiler does what the model says: it fuses the all-reduce with the slice into one
+# "all-reduce-scatter" (`observed_collectives` counts it as the reduce-scatter it is).
+# Compile-only, for a v5e-8 (`v5e:2x4`), where `libtpu` matching this jax is installed:
+
+# %% tags=["nbval-ignore-output"]
+import time
+
+if HAVE_TPU_COMPILER:
+    aot_mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,),
+                             devices=hlo.tpu_topology("v5e:2x4").devices)
+    t0 = time.perf_counter()
+    rep, got, plan = compare(sharded_block_step, "fsdp", aot_mesh, target="v5e:2x4")
+    print("[aot v5e:2x4] FSDP compiled:", got, "== predicted:", got == plan.by_kind())
+    print("[aot v5e:2x4] the fused gradient reduction in the HLO:")
+    for line in rep.hlo.splitlines():
+        if "calls=%all-reduce-scatter" in line:
+            print("   ", hlo.clean_line(line)[:170])
+    print(f"(compiled in {time.perf_counter() - t0:.1f} s on this host)")
+else:
+    print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
+
+# %% [markdown]
+# **bf16 before gathering.** With JAX's *default* matmul precision (`precision=None`)
+# the v5e feeds its matrix units bf16, and the TPU compiler moves that conversion in
+# front of FSDP's all-gathers: they move bf16 shards, half the bytes. The cell compiles
+# the same FSDP step with the default precision and prints the gathers:
+
+# %% tags=["nbval-ignore-output"]
+if HAVE_TPU_COMPILER:
+    rep, got, plan = compare(sharded_block_step, "fsdp", aot_mesh, target="v5e:2x4", precision=None)
+    for c in rep.collectives:
+        if c.kind == "all-gather":
+            print(f"[aot v5e:2x4, default precision] {c}")
+    for line in rep.lines("all-gather")[:2]:
+        print("   ", line[:150])
+    print(f"all-gather bytes: {got['all-gather'][1]:,} (fp32 shards would be {plan.by_kind()['all-gather'][1]:,})")
+else:
+    print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
+
+# %% [markdown]
+# (On the CPU backend the gathers stay fp32: the CPU has no bf16 matrix unit to feed.)
 #
-# **Memory per device falls as devices grow.** XLA's memory analysis of the compiled
+# **Memory per device falls as devices grow.** XLA's memory analysis of the compiled FSDP
 # step: the argument bytes (weights + batch) per device, for 1, 2 and 8 devices.
 
 # %%
 for n in (1, 2, 8):
-    m = parallel.cpu_mesh((n,), ("data",))
-    args = parallel.mlp_block_abstract("fsdp", m, B, D, F)
-    rep = hlo.inspect(parallel.mlp_block_step("fsdp", m), *args)
-    print(f"[sim] FSDP over {n} device(s): arguments {rep.argument_bytes / 2**20:5.2f} MiB per device, "
-          f"collective operands {sum(b for _, b in parallel.observed_collectives(rep).values()) / 2**20:5.2f} MiB")
+    m = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,), devices=cpus[:n])
+    rep = hlo.inspect(sharded_block_step("fsdp", m), *parallel.mlp_block_abstract("fsdp", m, B, D, F))
+    print(f"[sim] FSDP over {n} device(s): arguments {rep.argument_bytes / 2**20:5.2f} MiB per device")
 
 # %% [markdown]
-# ## 4. Tensor parallelism: activations move, not weights
+# ### Tensor parallelism: activations move, not weights
 #
 # Megatron splits `w1` by columns and `w2` by rows. Each device computes a slice of the
 # hidden layer with no communication, multiplies by its rows of `w2`, and the partial
-# outputs `[B, D]` are summed once: an all-reduce of **activations** (= a reduce-scatter
-# plus an all-gather; sequence-parallel variants keep them as those two).
+# outputs `[B, D]` are summed once: an all-reduce of **activations**.
 
 # %%
-tp_report, tp_compiled, tp_plan = compare("tp", mesh)
+tp_report, tp_compiled, tp_plan = compare(sharded_block_step, "tp", mesh)
+print("\n".join("[sim]    " + line[:150] for line in tp_report.lines("all-reduce")))
 print(tp_plan)
-print("[sim] compiled:", tp_compiled, " equal:", tp_compiled == tp_plan.by_kind())
+print("[sim] compiled:", tp_compiled, "== predicted:", tp_compiled == tp_plan.by_kind())
 
 # %% [markdown]
 # TP's bytes grow with the batch, not with the weights, and they sit on the critical path
@@ -242,96 +363,145 @@ for name in ("v5e", "v6e", "v5p"):
           f"{comms.tp_max_shards(name, 32768):.0f}-way on one axis")
 
 # %% [markdown]
-# ### The same check on a compile-only TPU (aot tier)
+# ## 3. The same block by hand: `jax.shard_map`
 #
-# The TPU compiler runs here without a TPU: the programs below are what a v5e-8 would
-# run. (On TPU the compiler splits one asynchronous all-gather into a start, a body and
-# a done part; `hlo.inspect` counts it once.)
+# Inside `jax.shard_map` each device runs the function on its own block of every array
+# and talks to the others only through the collectives written in it: `jax.lax.psum`
+# (all-reduce), `all_gather`, `psum_scatter` (reduce-scatter), `ppermute` (send to a
+# chosen neighbour). `jax.shard_map` is public on every JAX the course supports (0.7.2
+# on); code written for older JAX imports `jax.experimental.shard_map.shard_map`, now
+# deprecated. First the three collectives on a toy array, one row per device:
 
-# %% tags=["nbval-ignore-output"]
-import time
+# %%
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:  # JAX older than the course's floor
+    from jax.experimental.shard_map import shard_map
 
-if HAVE_TPU_COMPILER:
-    aot_mesh = parallel.make_mesh((8,), ("data",), hlo.tpu_topology("v5e:2x4").devices)
-    t0 = time.perf_counter()
-    for strategy in ("dp", "fsdp", "tp"):
-        _, got, plan = compare(strategy, aot_mesh, target="v5e:2x4")
-        print(f"[aot v5e:2x4] {strategy}: compiled {got} -> equal to prediction: {got == plan.by_kind()}")
-    print(f"(three TPU compilations took {time.perf_counter() - t0:.1f} s on this host)")
-else:
-    print("[aot] skipped: libtpu is not installed (pip install 'tpu-course[aot]')")
+rows = jnp.arange(8.0 * 4).reshape(8, 4)  # device i holds row i
+
+
+def three(v):  # v: this device's [1, 4] block
+    total = jax.lax.psum(v, "data")  # every device: the sum of all rows
+    everything = jax.lax.all_gather(v, "data", tiled=True)  # every device: all 8 rows
+    mine = jax.lax.psum_scatter(everything, "data", scatter_dimension=0, tiled=True)
+    return total, everything[None], mine  # mine: row i of the sum of 8 copies, i.e. 8 x row i
+
+
+t, e, mine = jax.jit(shard_map(three, mesh=mesh, in_specs=P("data"),
+                               out_specs=(P("data"), P("data"), P("data"))))(rows)
+print("[sim] psum on device 0:", np.asarray(t[0]).tolist())
+print("[sim] all_gather on device 3 holds", e.shape[1:], "(all rows)")
+print("[sim] psum_scatter: device i gets 8 x row i:", bool(np.allclose(mine, 8 * rows)))
 
 # %% [markdown]
-# ### The real chips (real tier)
-#
-# On a runtime with several chips (a Kaggle v5e-8, a multi-GPU box) the same steps are
-# compiled for, and run on, the real devices. On one chip or a CPU this cell says so.
+# The block's step with those collectives written out. FSDP gathers each weight with
+# `all_gather`; JAX's derivative of an all-gather is a `psum_scatter`, so the gradients
+# come back as reduce-scatters without a line for them. DP needs no line for its
+# gradients either: the weights are the same on every device while the loss came from
+# split data, and the derivative of that broadcast is a `psum`.
 
-# %% tags=["nbval-ignore-output"]
-if real_chips > 1 and all(n % real_chips == 0 for n in (B, D, F)):
-    real_mesh = parallel.make_mesh((real_chips,), ("data",))
-    for strategy in ("dp", "fsdp", "tp"):
-        rep, got, plan = compare(strategy, real_mesh)
-        step = parallel.mlp_block_step(strategy, real_mesh)
-        pspec, xspec = parallel.mlp_block_specs(strategy)
-        prm = parallel.place(parallel.mlp_block_params(D, F), real_mesh, pspec)
-        xr = parallel.place(np.ones((B, D), np.float32), real_mesh, xspec)
-        jax.block_until_ready(step(prm, xr, xr))  # compile and warm up
-        t0 = time.perf_counter()
-        for _ in range(10):
-            out = step(prm, xr, xr)
-        jax.block_until_ready(out)
-        print(f"[real {real_chips} x {rt.device_kind}] {strategy}: collectives equal prediction: "
-              f"{got == plan.by_kind()}; step {(time.perf_counter() - t0) / 10 * 1e6:.0f} us (measured)")
-else:
-    print(f"[real] skipped: this runtime has {max(real_chips, 1)} accelerator chip(s) or none; "
-          "the sim and aot tiers stand in for it")
+# %%
+# Same code as tpu_course.parallel.mlp_block_step
+def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None) -> Callable:
+    """The same SGD step with every collective written by hand, under ``jax.shard_map``.
+
+    Inside ``shard_map`` each device sees only its own block of every array and talks to
+    the others only through the collectives written here:
+
+    * ``"dp"``: the loss is ``pmean``-ed (an all-reduce of a scalar); differentiating
+      through it sums the replicated weights' gradients over devices (one all-reduce).
+    * ``"fsdp"``: each weight ``all_gather``-ed before use; JAX's transpose of that
+      all-gather is a ``psum_scatter``, so the gradients come back as reduce-scatters.
+    * ``"tp"``: ``w1`` split by columns, ``w2`` by rows; one ``psum`` (all-reduce) of the
+      ``[batch, d_model]`` partial outputs. The batch is replicated.
+    """
+    axis = axis or mesh.axis_names[0]
+    param_specs, batch_spec = mlp_block_specs(strategy, axis)
+
+    def local_loss(p, x, y):  # p, x, y: this device's blocks
+        if strategy == "fsdp":
+            w1 = jax.lax.all_gather(p["w1"], axis, tiled=True)
+            w2 = jax.lax.all_gather(p["w2"], axis, tiled=True)
+            out = mlp_block(w1, w2, x)
+        elif strategy == "tp":
+            out = jax.lax.psum(mlp_block(p["w1"], p["w2"], x), axis)
+        else:
+            out = mlp_block(p["w1"], p["w2"], x)
+        loss = jnp.mean((out - y) ** 2)
+        return loss if strategy == "tp" else jax.lax.pmean(loss, axis)
+
+    def local_step(p, x, y):
+        # No explicit pmean of the gradients: the parameters are replicated (the same on
+        # every device) while the loss came from sharded data, so JAX's transpose of that
+        # broadcast is a psum: the all-reduce of data parallelism appears by itself.
+        loss, g = jax.value_and_grad(local_loss)(p, x, y)
+        return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
+
+    return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=(param_specs, batch_spec, batch_spec),
+                                 out_specs=(param_specs, P())))
 
 # %% [markdown]
-# **A full v5e pod (16x16 = 256 chips), compile-only.** Compiling for 256 devices takes
-# 10-40 s per program on a 2-core CPU, so this cell runs only on a TPU runtime or with
-# `TPU_COURSE_FULL=1`. At that scale the compiler also makes its own choices: for a
-# small model whose FSDP shards are a few kB (latency-bound, see section 6) it may
-# replace the gather and scatter by all-reduces, and the printed comparison says so.
+# The collectives written by hand are the cost model's exactly, on the CPU too: this
+# time the reduce-scatter is in the program because we (through the derivative) put it
+# there. The jaxpr shows JAX's own `reduce_scatter` line before XLA sees anything.
 
-# %% tags=["nbval-ignore-output"]
-import os
-
-if HAVE_TPU_COMPILER and (rt.platform == "tpu" or os.environ.get("TPU_COURSE_FULL") == "1"):
-    pod = parallel.make_mesh((256,), ("data",), hlo.tpu_topology("v5e:16x16").devices)
-    for strategy in ("dp", "fsdp"):
-        args = parallel.mlp_block_abstract(strategy, pod, 512, D, F)
-        rep = hlo.inspect(parallel.mlp_block_step(strategy, pod), *args, target="v5e:16x16")
-        plan = comms.collective_bytes(strategy, SHAPES, devices=256, batch=512, d_out=D)
-        print(f"[aot v5e:16x16] {strategy}: compiled {parallel.observed_collectives(rep)}; "
-              f"predicted {plan.by_kind()}; arguments {rep.argument_bytes:,} B per chip")
-else:
-    print("[aot v5e:16x16] skipped here (slow on a small CPU): set TPU_COURSE_FULL=1 to run it")
+# %%
+for strategy in ("dp", "fsdp", "tp"):
+    _, got, plan = compare(mlp_block_step, strategy, mesh)
+    print(f"[sim] shard_map {strategy:<4}: {got}  == predicted: {got == plan.by_kind()}")
+fsdp_args = parallel.mlp_block_abstract("fsdp", mesh, B, D, F)
+jaxpr = str(jax.make_jaxpr(mlp_block_step("fsdp", mesh))(*fsdp_args))
+print("[sim] collectives in the FSDP jaxpr:",
+      sorted({w for w in re.findall(r"\b(all_gather|reduce_scatter|psum\w*)\[", jaxpr)}))
 
 # %% [markdown]
-# One difference the TPU compiler makes on its own: with JAX's *default* matmul precision
-# the v5e feeds its matrix units bf16, so XLA converts FSDP's weights to bf16 **before**
-# gathering them, halving the all-gather bytes. `mlp_block` asks for full precision to
-# keep the comparison exact; a bf16 model gets the halving by design.
+# ### A ring all-reduce from `ppermute`
 #
-# ## 5. `shard_map`: a ring all-reduce by hand
-#
-# Inside `shard_map` each device runs the function on its own block and talks to others
-# only through collectives we write. `jax.lax.ppermute` sends a block to a chosen
-# neighbour. A ring all-reduce over $n$ devices: cut the array into $n$ chunks; for $n-1$
-# steps each device passes one chunk right and adds what arrives (reduce-scatter); then
-# $n-1$ more steps pass the finished chunks round (all-gather). Each device sends
-# $2(n-1)/n$ of the array: the ring's cost in section 2.
+# A ring all-reduce over $n$ devices: cut the array into $n$ chunks; for $n-1$ steps each
+# device passes one chunk right and adds what arrives (reduce-scatter); then $n-1$ more
+# steps pass the finished chunks round (all-gather). Each device sends $2(n-1)/n$ of the
+# array: the ring's cost in section 2.
+
+# %%
+# Same code as tpu_course.parallel.ring_all_reduce
+def ring_all_reduce(x: jax.Array, axis: str, axis_size: int) -> jax.Array:
+    """Sum ``x`` over ``axis`` with a ring of ``ppermute``s (call inside ``shard_map``).
+
+    The array is cut into ``n`` chunks. Reduce-scatter: for ``n-1`` steps every device
+    sends one chunk to its right-hand neighbour, which adds it to its own copy; after
+    that device ``i`` holds the full sum of chunk ``(i+1) mod n``. All-gather: ``n-1``
+    more steps pass the finished chunks around. Each device sends ``2 (n-1)/n`` of the
+    array in all, the ring all-reduce's cost (``tpu_course.comms.all_reduce_time``).
+    """
+    n = axis_size
+    if n == 1:
+        return x
+    flat = x.reshape(-1)
+    pad = (-flat.size) % n
+    chunks = jnp.pad(flat, (0, pad)).reshape(n, -1)
+    me = jax.lax.axis_index(axis)
+    right = [(i, (i + 1) % n) for i in range(n)]
+    for s in range(n - 1):  # reduce-scatter
+        send = chunks[(me - s) % n]
+        got = jax.lax.ppermute(send, axis, right)
+        chunks = chunks.at[(me - 1 - s) % n].add(got)  # the chunk index travels with it
+    for s in range(n - 1):  # all-gather
+        send = chunks[(me + 1 - s) % n]
+        got = jax.lax.ppermute(send, axis, right)
+        chunks = chunks.at[(me - s) % n].set(got)
+    return chunks.reshape(-1)[: flat.size].reshape(x.shape)
 
 # %%
 x = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32)
-ring = jax.jit(parallel._shard_map(lambda v: parallel.ring_all_reduce(v, "data", 8),
-                                   mesh, P("data"), P("data")))
-psum = jax.jit(parallel._shard_map(lambda v: jax.lax.psum(v, "data"), mesh, P("data"), P("data")))
+ring = jax.jit(shard_map(lambda v: ring_all_reduce(v, "data", 8), mesh=mesh,
+                         in_specs=P("data"), out_specs=P("data")))
+psum = jax.jit(shard_map(lambda v: jax.lax.psum(v, "data"), mesh=mesh,
+                         in_specs=P("data"), out_specs=P("data")))
 diff = float(np.abs(np.asarray(ring(x)) - np.asarray(psum(x))).max())
-kinds = sorted({c.kind for c in hlo.inspect(ring, x).collectives})
+ring_cs = hlo.inspect(ring, x).collectives
 print(f"[sim] ring equals psum (largest difference below 1e-5): {diff < 1e-5}; "
-      f"collectives in the ring's HLO: {kinds}")
+      f"{len(ring_cs)} {ring_cs[0].kind}s of {ring_cs[0].bytes} B each "
+      f"= {sum(c.bytes for c in ring_cs) / (x[0].nbytes):.3f} of the array = 2(n-1)/n")
 
 # %% [markdown]
 # Step by step on 4 devices (`parallel.ring_schedule`): device $i$ starts with $10^i$ in
@@ -343,7 +513,42 @@ for step, frame in enumerate(parallel.ring_schedule(4)):
     print(f"step {step} ({phase}):", " | ".join(" ".join(f"{v:4d}" for v in row) for row in frame))
 
 # %% [markdown]
-# ## 6. Topology: torus vs switch
+# ### The three strategies on a compile-only v5e-8 and on real chips
+#
+# On TPU the compiler splits one asynchronous collective into a start, a body and a done
+# part; `hlo.inspect` counts it once.
+
+# %% tags=["nbval-ignore-output"]
+if HAVE_TPU_COMPILER:
+    for fn in (sharded_block_step, mlp_block_step):
+        for strategy in ("dp", "fsdp", "tp"):
+            _, got, plan = compare(fn, strategy, aot_mesh, target="v5e:2x4")
+            print(f"[aot v5e:2x4] {fn.__name__:<18} {strategy:<4}: {got} == predicted: {got == plan.by_kind()}")
+else:
+    print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
+
+# %% tags=["nbval-ignore-output"]
+if real_chips > 1 and all(n % real_chips == 0 for n in (B, D, F)):
+    real_mesh = jax.make_mesh((real_chips,), ("data",), axis_types=(AxisType.Auto,))
+    for strategy in ("dp", "fsdp", "tp"):
+        rep, got, plan = compare(sharded_block_step, strategy, real_mesh)
+        step = sharded_block_step(strategy, real_mesh)
+        pspec, xspec = mlp_block_specs(strategy)
+        prm = parallel.place(parallel.mlp_block_params(D, F), real_mesh, pspec)
+        xr = parallel.place(np.ones((B, D), np.float32), real_mesh, xspec)
+        jax.block_until_ready(step(prm, xr, xr))  # compile and warm up
+        t0 = time.perf_counter()
+        for _ in range(10):
+            out = step(prm, xr, xr)
+        jax.block_until_ready(out)
+        print(f"[real {real_chips} x {rt.device_kind}] {strategy}: collectives {got}; "
+              f"step {(time.perf_counter() - t0) / 10 * 1e6:.0f} us (measured)")
+else:
+    print(f"[real] skipped: this runtime has {max(real_chips, 1)} accelerator chip(s) or none; "
+          "the sim and aot tiers stand in for it")
+
+# %% [markdown]
+# ## 4. Topology: torus vs switch
 #
 # A TPU slice is a 2D (v5e, v6e) or 3D (v4, v5p) torus: each chip has links to its
 # neighbours only, and an axis closes into a ring (*wraparound*) only for full pod sides
@@ -364,21 +569,61 @@ for name, axes, wrap, what in cases:
     print(f"{what:<42} latency hops {hops:>3}, time {t * 1e3:6.2f} ms")
 
 # %% [markdown]
-# ## 7. Across slices: the data-centre network
+# ## 5. Across slices: the data-centre network
 #
-# Slices talk over DCN, tens of times slower per chip than ICI. Data parallelism across
-# $S$ slices all-reduces the gradients once per step: each slice sends
-# $2(S-1)/S \times 32$ bits per parameter with fp32 gradients: 32 bits at two slices,
-# approaching 64 with many. The step stays compute-bound when the tokens per slice exceed
-# $(\text{bits}/8)\,C / (6\,W_{dcn})$ per chip. FSDP across slices would gather the weights
-# over DCN every step too (worse); a pipeline sends only activations between slices.
+# Slices talk over DCN (host NICs and the data-centre network), not ICI. How much slower,
+# per chip, by the course's own table:
 
 # %%
-print("slices  bits/param  v5e min tokens/slice  v5p  v6e")
-for s in (2, 4, 8, 64):
-    row = [comms.dcn_min_tokens_per_slice(n, s) for n in ("v5e", "v5p", "v6e")]
-    print(f"{s:>6}  {comms.dcn_bits_per_param(s):10.1f}  " + "  ".join(f"{v:>10,.0f}" for v in row))
+for name in ("v5e", "v5p", "v6e"):
+    chip = hardware.get(name)
+    print(f"{chip.display_name:<20} ICI {chip.ici_bytes_per_s / 1e9:6,.0f} GB/s, DCN "
+          f"{chip.dcn_bytes_per_s / 1e9:5.2f} GB/s per chip: DCN is "
+          f"{chip.ici_bytes_per_s / chip.dcn_bytes_per_s:4.0f}x slower")
+
+# %% [markdown]
+# Two orders of magnitude: 128x on v5e, 192x on v5p (64x on v6e). So only the cheapest
+# strategy crosses slices. Data parallelism across $S$ slices all-reduces the gradients
+# once per step; FSDP would also gather the weights over DCN every step (worse); a
+# pipeline sends only activations between slices.
+#
+# **The minimum batch per slice, as the scaling book states it** (training chapter,
+# "across pods"): per layer the backward pass does $8BDF/M$ FLOPs per chip in a slice of
+# $M$ chips while the bf16 gradients ($2DF$ parameters, 2 bytes each, all-reduced: twice)
+# cross DCN in $8DF/(M\,W_{dcn})$ seconds; compute hides the network when
+# **tokens per slice $B > C/W_{dcn}$**. The book's v5p example uses $C = 4.46\times10^{14}$
+# FLOP/s; the course's table (Cloud TPU's v5p page) has $4.59\times10^{14}$:
+
+# %%
+BOOK_V5P_C = 4.46e14  # the C of the scaling book's DCN example for v5p (training chapter), not a table value
+v5p = hardware.get("v5p")
+print(f"book:   C / W_dcn = {BOOK_V5P_C:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
+      f"{BOOK_V5P_C / v5p.dcn_bytes_per_s:,.0f} tokens per slice (the book's C)")
+print(f"course: C / W_dcn = {v5p.peak_bf16_flops_per_s:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
+      f"{comms.dcn_intensity(v5p):,.0f} tokens per slice (the table's C)")
+
+# %% [markdown]
+# **The course's variant** (`comms.dcn_min_tokens_per_slice`) changes two assumptions,
+# stated here: gradients all-reduced in **fp32** by a ring over $S$ slices, so each slice
+# sends $2(S-1)/S \times 32$ bits per parameter (32 bits at two slices, approaching 64),
+# and **all 6** FLOPs per parameter per token overlapping that traffic:
+# $B > (\text{bits}/8)\,C/(6\,W_{dcn})$. Only the backward pass (4 of the 6 FLOPs) can
+# overlap a gradient all-reduce, since the gradients exist only once it has run; with 4 the
+# same formula gives 1.5x more. The book's rule is the bf16 case with 4 FLOPs: 2 bytes x
+# 2 (an all-reduce) / 4 = 1 byte per FLOP, $B > C/W_{dcn}$.
+
+# %%
+print("slices  bits/param   v5p: 6 FLOPs overlap   4 FLOPs (backward only)   book (bf16, 4)")
+for s in (2, 4, 64):
+    six = comms.dcn_min_tokens_per_slice("v5p", s)
+    print(f"{s:>6}  {comms.dcn_bits_per_param(s):10.1f}   {six:>20,.0f}   {six * 6 / 4:>23,.0f}"
+          f"   {comms.dcn_intensity('v5p'):>14,.0f}")
 print(comms.recommend("v5e", 7e9, 1e6, slices=4))
+
+# %% [markdown]
+# A figure of "350k-700k tokens per pod" circulates in notes on multislice training; it
+# could not be traced to a source, and neither the book's rule nor the variant above
+# reaches it (they give 42k-147k per slice): treat it as **unverified**.
 
 # %%
 import matplotlib.pyplot as plt
@@ -415,7 +660,7 @@ print(f"idle fraction {np.mean(tl < 0):.3f} vs (p-1)/(m+p-1) = {comms.pipeline_b
       f"outputs equal the sequential model: {np.allclose(outs, seq, atol=1e-4)}")
 
 # %% [markdown]
-# ## 8. Many hosts: `jax.distributed`
+# ## 6. Many hosts: `jax.distributed`
 #
 # On a pod slice every host runs the *same* script. `jax.distributed.initialize()` joins
 # them; then `jax.devices()` lists every chip of the slice (global) and
@@ -447,7 +692,7 @@ print("equal within 1e-5:", all(np.allclose(r["losses"], single["losses"], rtol=
 #     --command="python -m tpu_course.parallel --steps 5"
 # ```
 #
-# ## 9. Prove parity before scaling
+# ## 7. Prove parity before scaling
 #
 # The chapter-5 MLP (`models.MLP`, one hidden layer of 128 here, so that TP splits its two
 # matrices as a column/row pair) on MNIST, a few SGD steps, single device vs. the same
@@ -468,7 +713,7 @@ for s, losses in curves.items():
     print(f"[sim] {s:<6} losses {np.round(losses, 4).tolist()}  matches single device: {ok}")
 
 # %% [markdown]
-# ## 10. A cost audit
+# ## 8. A cost audit
 #
 # Chips x hours x price. Prices come from `comms.PRICES_USD_PER_CHIP_HOUR`, dated and
 # **marked unverified** (the pricing page could not be checked from this build; see its
@@ -502,11 +747,18 @@ for name in ("v5e", "v6e", "v5p"):
 # %% [markdown]
 # ## Takeaways
 #
-# * DP all-reduces gradients; FSDP turns that into reduce-scatter + all-gather of the
-#   weights (more traffic, far less memory); TP moves activations and stays on ICI.
-# * Every collective XLA emitted here matched the cost model's kinds, counts and bytes,
-#   on simulated CPUs and on the compile-only v5e-8.
+# * Sharding is written as annotations: a mesh (`jax.make_mesh`, with its axis types
+#   stated), `PartitionSpec`s, `NamedSharding`, and `jax.jit`'s `in_shardings` /
+#   `out_shardings`; FSDP adds a constraint that uses each weight whole. XLA inserts the
+#   collectives: DP all-reduces gradients; FSDP all-gathers weights and reduce-scatters
+#   gradients (XLA's CPU backend all-reduces and slices instead, the TPU compiler fuses
+#   them into a reduce-scatter); TP all-reduces activations.
+# * With `jax.shard_map` every collective is written by hand (`psum`, `all_gather`,
+#   `psum_scatter`, `ppermute`), and a ring all-reduce is $2(n-1)$ `ppermute`s.
+# * Every collective compiled here matched the cost model's kinds, counts and bytes,
+#   except where the backend chose another kind, and the HLO said so.
 # * Time per collective: $V/W_{ici}$ for a gather on a wrapped axis, twice without
 #   wraparound, divided by the number of axes used, never below the hop latency.
-# * Across slices: 32-64 bits per parameter per step over DCN; DP needs tens of
-#   thousands of tokens per slice; otherwise pipeline, and pay the bubble $(p-1)/(m+p-1)$.
+# * DCN is 64-192x slower per chip than ICI: data parallelism across slices needs about
+#   $C/W_{dcn}$ tokens per slice (71k-73k on v5p, the book's rule); otherwise pipeline,
+#   and pay the bubble $(p-1)/(m+p-1)$.

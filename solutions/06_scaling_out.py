@@ -14,19 +14,23 @@
 # ---
 
 # %% [markdown]
-# # Lab 6 (solution): shard a model and explain every collective
+# # Lab 6 (solution): shard the chapter-5 model and explain every collective
 #
-# Four exercises on 8 simulated CPU devices (the same code runs on a TPU slice):
+# About 95 minutes, six exercises, on 8 simulated CPU devices (the same code runs on a
+# TPU slice):
 #
-# 1. write the shardings of an MLP block for data parallelism, FSDP and tensor
-#    parallelism;
-# 2. predict, for each, the collectives XLA will emit and their bytes, and check the
-#    prediction against the compiled HLO;
-# 3. write a ring all-reduce from `ppermute` and show it equals `psum`;
-# 4. choose a parallelism plan for a model, a batch and a slice count, from the cost model.
+# 1. **predict** (10 min) the bytes of every collective FSDP needs for the chapter-5 MLP,
+#    before compiling anything;
+# 2. **write** (20 min) FSDP for that model by annotations alone: the `PartitionSpec`s, a
+#    sharding constraint and `jax.jit`; the compiled HLO then grades exercise 1;
+# 3. **predict** (10 min) what the TPU compiler makes of the same step on a v5e-8
+#    (compile-only: needs `libtpu` matching your jax, skipped otherwise);
+# 4. **transfer** (25 min) a *bidirectional* ring all-reduce from `ppermute`;
+# 5. **transfer** (20 min) a hierarchical all-reduce across slices;
+# 6. (10 min) choose a parallelism plan from the cost model.
 #
-# Each exercise is followed by a checker cell that says whether the answer is right and,
-# if not, what the mistake looks like. Then the chapter-5 model is sharded three ways.
+# Each exercise is followed by a check cell: pass, or a hint (the expected value only
+# through `checks.reveal("Exercise N")`). The last cell is the scorecard.
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -67,6 +71,7 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
+
 # %%
 from tpu_course import runtime
 
@@ -77,104 +82,203 @@ print(runtime.describe().banner())
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
+import optax
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from tpu_course import checks, comms, hlo, parallel
-from tpu_course.checks import ch06
+from tpu_course import checks, comms, hardware, hlo, models, parallel, train
+from tpu_course.checks import NotWritten, ch06
 
-mesh = parallel.cpu_mesh((8,), ("data",))  # the simulated tier, even beside a TPU
+# the simulated tier: 8 CPU devices on one axis, Auto axes (XLA chooses the collectives)
+mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices("cpu")[:8])
 print("mesh:", dict(mesh.shape))
+ch06.LAB
 
 # %% [markdown]
-# ## Exercise 1: shardings
+# ## The model: chapter 5's MLP and train step, unchanged
 #
-# The block is `relu(x @ w1) @ w2` with `w1: [D, F]` and `w2: [F, D]`; the batch `x` is
-# `[B, D]`. Return `(param_specs, batch_spec)`: a dict `{'w1': spec, 'w2': spec}` of
-# `PartitionSpec`s and the batch's spec, for `strategy` in `'dp'`, `'fsdp'`, `'tp'`
-# (Megatron: `w1` by columns, `w2` by rows), over the mesh axis `axis`.
+# `models.MLP()` (784 -> 256 -> 256 -> 10) and `train.make_train_step` with Adam, as
+# chapter 5 trains them. FSDP will shard the parameters **and** Adam's two moments.
 
 # %%
-def block_specs(strategy: str, axis: str):
-    ### BEGIN SOLUTION Exercise 1 (shardings)
-    if strategy == "dp":
-        return {"w1": P(), "w2": P()}, P(axis)
-    if strategy == "fsdp":
-        return {"w1": P(axis), "w2": P(axis)}, P(axis)
-    return {"w1": P(None, axis), "w2": P(axis, None)}, P()
+tx = optax.adam(1e-3)
+graphdef, state = train.init_state(models.MLP(rngs=nnx.Rngs(0)), tx)
+step = train.make_train_step(graphdef, tx)
+for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]:
+    print(f"{jax.tree_util.keystr(path):<28} {str(x.shape):<12} {x.dtype}")
+
+# %% [markdown]
+# ## Exercise 1: predict FSDP's collectives (before compiling)
+#
+# Under FSDP each parameter that splits over the 8 devices lives as a 1/8 shard (split
+# its first dimension that 8 divides; a parameter with none stays whole) and the batch is
+# split too. Each step gathers every sharded weight before the forward pass and sums
+# every gradient over the devices.
+#
+# Predict, **per device**, the bytes that go into each kind of collective on **8 simulated
+# CPU devices**, as a dict `{kind: bytes}` with the HLO's kind names (`"all-gather"`,
+# `"all-reduce"`, `"reduce-scatter"`, ...) and the operand convention of chapter 6: an
+# all-gather's operand is the shard a device holds; a gradient reduction's operand is
+# the whole gradient. The chapter's FSDP section says which kind sums the gradients on
+# the CPU backend. Parameters are fp32. (A few scalars, the loss and the accuracy, ride
+# along: the tolerance is 10%.)
+
+# %%
+### BEGIN SOLUTION Exercise 1 (predict FSDP's collectives)
+leaves = jax.tree.leaves(state.params)
+predicted_fsdp = {  # fp32: 4 bytes per element
+    "all-gather": sum(x.size * 4 // 8 for x in leaves if any(d % 8 == 0 for d in x.shape)),
+    "all-reduce": sum(x.size * 4 for x in leaves),  # whole gradients: CPU has no reduce-scatter
+}
+### END SOLUTION
+
+# %%
+ch06.record_prediction(predicted_fsdp)
+
+# %% [markdown]
+# ## Exercise 2: FSDP of the chapter-5 model, by annotations alone
+#
+# Write `shard_fsdp(step, state, mesh)` returning `(jitted_step, state_sharding,
+# batch_sharding)`:
+#
+# * `state_sharding`: a `NamedSharding` for every leaf of the whole `TrainState` (step
+#   counter, parameters, Adam's moments): the first dimension that the mesh's `"data"`
+#   axis divides is split over it, anything else replicated;
+# * `batch_sharding`: the batch split over `"data"`;
+# * `jitted_step`: the chapter-5 `step`, unchanged inside, under `jax.jit` with
+#   `in_shardings`/`out_shardings`, plus the one annotation FSDP needs (the chapter's FSDP
+#   cell): the parameters constrained to be whole where the step uses them. Without it
+#   XLA may move the batch around instead (the check says so).
+
+# %%
+def shard_fsdp(step, state, mesh):
+    ### BEGIN SOLUTION Exercise 2 (FSDP of the chapter-5 model by annotations)
+    n = mesh.shape["data"]
+
+    def spec(x):
+        for d, size in enumerate(np.shape(x)):
+            if size % n == 0:
+                return P(*([None] * d), "data")
+        return P()
+
+    state_sharding = jax.tree.map(lambda x: NamedSharding(mesh, spec(x)), state)
+    batch_sharding = NamedSharding(mesh, P("data"))
+    replicated = NamedSharding(mesh, P())
+
+    def fsdp_step(state, batch):
+        params = jax.lax.with_sharding_constraint(state.params, replicated)  # gather to use
+        return step(state._replace(params=params), batch)
+
+    jitted = jax.jit(fsdp_step, in_shardings=(state_sharding, batch_sharding),
+                     out_shardings=(state_sharding, replicated))
+    return jitted, state_sharding, batch_sharding
     ### END SOLUTION
 
 
 # %%
-ch06.check_block_specs(block_specs)
+ch06.check_shard_fsdp(shard_fsdp)
 
 # %% [markdown]
-# ## Exercise 2: predict the collectives, then compile
-#
-# `parallel.mlp_block_step(strategy, mesh)` is one SGD step on a squared error, written
-# with `shard_map` (read its docstring for what each strategy communicates). Predict,
-# per device, `{kind: (arrays, bytes)}` where `kind` is `'all-reduce'`, `'all-gather'`,
-# `'reduce-scatter'` ..., `arrays` how many arrays go through that kind of collective in
-# one step, and `bytes` the sum of their **operands** on one device (an all-gather's
-# operand is the device's shard; a reduce-scatter's the whole array). The parameters
-# and data are fp32 (4 bytes); the mean loss is one fp32 scalar.
+# The compiled step, on this backend: every collective XLA inserted, with its bytes per
+# device. Then exercise 1's prediction is graded against it.
 
 # %%
-def predict(strategy: str, devices: int, batch: int, d_model: int, d_ff: int,
-            bytes_per_elem: int = 4) -> dict:
-    ### BEGIN SOLUTION Exercise 2 (predict the collectives)
-    weights = 2 * d_model * d_ff * bytes_per_elem  # w1 and w2
-    loss = bytes_per_elem
-    if strategy == "dp":  # both gradients and the loss are summed over the batch shards
-        return {"all-reduce": (3, weights + loss)}
-    if strategy == "fsdp":  # gather the shards, reduce-scatter the gradients, average the loss
-        return {"all-gather": (2, weights // devices), "reduce-scatter": (2, weights),
-                "all-reduce": (1, loss)}
-    return {"all-reduce": (1, batch * d_model * bytes_per_elem)}  # TP: the partial outputs
-    ### END SOLUTION
-
+with checks.skip_if_not_written():
+    jitted, s_state, s_batch = shard_fsdp(step, state, mesh)
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, s_state)
+    batch = train.Batch(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s_batch)
+                          for a in ch06.chapter5_problem()[2][0]))
+    fsdp_report = hlo.inspect(jitted, abstract, batch)
+    for c in fsdp_report.collectives:
+        print(f"[sim] {c}")
+    print("[sim] per kind:", parallel.observed_collectives(fsdp_report))
+    print(f"[sim] argument bytes per device: {fsdp_report.argument_bytes:,}")
 
 # %%
-B, D, F = 64, 256, 1024
-results = []
-for strategy in ("dp", "fsdp", "tp"):
-    args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
-    report = hlo.inspect(parallel.mlp_block_step(strategy, mesh), *args)
-    compiled = parallel.observed_collectives(report)
-    results.append(ch06.check_prediction(strategy, predict(strategy, 8, B, D, F), compiled, 8))
-for r in results:
-    print(r)
+ch06.check_fsdp_prediction(predicted_fsdp, shard_fsdp)
 
 # %% [markdown]
-# ## Exercise 3: a ring all-reduce from `ppermute`
+# ## Exercise 3: the same step for a v5e-8 (compile-only)
 #
-# Inside `shard_map`, `x` is this device's block. Return the sum of `x` over the `n`
-# devices of `axis`, using only `jax.lax.ppermute` (and `jax.lax.axis_index`): cut `x`
-# into `n` chunks; `n-1` reduce-scatter steps (send one chunk right, add what arrives to
-# the same chunk index), then `n-1` all-gather steps (pass the finished chunks on).
+# The TPU compiler runs here without a TPU (where `libtpu` matches your jax). Compile
+# *your* `shard_fsdp` for a `v5e:2x4` topology. Before running the check, predict the
+# HLO kind (a string) of the collective that carries the large gradients there. Think
+# about what each device keeps of a gradient under FSDP, and what the CPU backend did
+# to get there.
 
 # %%
-def ring_all_reduce(x, axis: str, n: int):
-    ### BEGIN SOLUTION Exercise 3 (ring all-reduce)
+### BEGIN SOLUTION Exercise 3 (FSDP on a v5e-8: predict, then compile)
+predicted_v5e_kind = "reduce-scatter"
+### END SOLUTION
+
+# %%
+ch06.check_v5e_kind(predicted_v5e_kind, shard_fsdp)
+
+# %% [markdown]
+# **The lesson.** The same annotations give different programs on different backends.
+# The CPU backend all-reduces every gradient and each device then keeps its slice; the
+# TPU compiler fuses that into a reduce-scatter ("all-reduce-scatter"): the same operand
+# bytes per device, but each chip receives only its shard, so the ring moves half the
+# data (the cost model's `reduce_scatter_time` against `all_reduce_time`). Grade a
+# prediction against the backend it was compiled for.
+#
+# ## Exercise 4 (transfer): a bidirectional ring all-reduce
+#
+# The chapter's ring sends every chunk one way round. ICI links carry traffic both ways
+# at once (the book's $W_{ici}$ is bidirectional), so a ring that sends half the data
+# right and half left finishes in half the time. Write
+# `bidirectional_all_reduce(x, axis, n)` for use inside `jax.shard_map` (as the chapter's
+# ring): only `jax.lax.ppermute` and `jax.lax.axis_index`; split the flat array into two
+# halves of `n` chunks each, run the rightward ring on one half and a leftward ring on the
+# other, and return the full sum with `x`'s shape.
+
+# %%
+def bidirectional_all_reduce(x, axis: str, n: int):
+    ### BEGIN SOLUTION Exercise 4 (a bidirectional ring all-reduce)
     flat = x.reshape(-1)
-    pad = (-flat.size) % n
-    chunks = jnp.pad(flat, (0, pad)).reshape(n, -1)
+    halves = jnp.pad(flat, (0, (-flat.size) % (2 * n))).reshape(2, n, -1)
     me = jax.lax.axis_index(axis)
     right = [(i, (i + 1) % n) for i in range(n)]
-    for s in range(n - 1):
-        got = jax.lax.ppermute(chunks[(me - s) % n], axis, right)
-        chunks = chunks.at[(me - 1 - s) % n].add(got)
-    for s in range(n - 1):
-        got = jax.lax.ppermute(chunks[(me + 1 - s) % n], axis, right)
-        chunks = chunks.at[(me - s) % n].set(got)
-    return chunks.reshape(-1)[: flat.size].reshape(x.shape)
+    left = [(i, (i - 1) % n) for i in range(n)]
+    a, b = halves[0], halves[1]
+    for s in range(n - 1):  # reduce-scatter, both ways at once
+        a = a.at[(me - 1 - s) % n].add(jax.lax.ppermute(a[(me - s) % n], axis, right))
+        b = b.at[(me + 1 + s) % n].add(jax.lax.ppermute(b[(me + s) % n], axis, left))
+    for s in range(n - 1):  # all-gather, both ways
+        a = a.at[(me - s) % n].set(jax.lax.ppermute(a[(me + 1 - s) % n], axis, right))
+        b = b.at[(me + s) % n].set(jax.lax.ppermute(b[(me - 1 + s) % n], axis, left))
+    return jnp.stack([a, b]).reshape(-1)[: flat.size].reshape(x.shape)
     ### END SOLUTION
 
 
 # %%
-ch06.check_ring(ring_all_reduce, mesh)
+ch06.check_bidirectional(bidirectional_all_reduce)
 
 # %% [markdown]
-# ## Exercise 4: choose a strategy
+# ## Exercise 5 (transfer): a hierarchical all-reduce across slices
+#
+# Two slices of 4 chips: a `("slice", "chip")` mesh of shape 2x4, where `"chip"` is ICI
+# and `"slice"` the data-centre network, 100-200x slower per chip (chapter 6, section 7).
+# A flat `psum` over both axes would push every byte across slices. Write
+# `hierarchical_all_reduce(x)` (inside `jax.shard_map` on that mesh; `x` is one device's
+# block) that returns the same sum while only **a quarter** of each device's array
+# crosses slices. Collectives allowed: `psum`, `psum_scatter`, `all_gather` with an axis
+# name each.
+
+# %%
+def hierarchical_all_reduce(x):
+    ### BEGIN SOLUTION Exercise 5 (a hierarchical all-reduce across slices)
+    part = jax.lax.psum_scatter(x, "chip", scatter_dimension=0, tiled=True)  # ICI
+    part = jax.lax.psum(part, "slice")  # DCN: a quarter of the array
+    return jax.lax.all_gather(part, "chip", axis=0, tiled=True)  # ICI
+    ### END SOLUTION
+
+
+# %%
+ch06.check_hierarchical(hierarchical_all_reduce)
+
+# %% [markdown]
+# ## Exercise 6: choose a strategy
 #
 # For `params` parameters on `chip` (`'v5e'`, `'v5p'`, `'v6e'`) trained with Adam, with
 # `tokens_per_slice` tokens per step on each of `slices` slices, return
@@ -184,11 +288,8 @@ ch06.check_ring(ring_all_reduce, mesh)
 # `comms.dcn_min_tokens_per_slice`?). Use `tpu_course.hardware` and `tpu_course.comms`.
 
 # %%
-from tpu_course import hardware
-
-
 def choose(chip: str, params: float, tokens_per_slice: float, slices: int):
-    ### BEGIN SOLUTION Exercise 4 (choose a strategy)
+    ### BEGIN SOLUTION Exercise 6 (choose a strategy)
     within = "fsdp" if 10 * params > hardware.get(chip).hbm_bytes else "dp"
     if slices == 1:
         return within, "none"
@@ -207,19 +308,7 @@ ch06.check_strategy(choose)
 print(comms.recommend("v5p", 7e10, 2e4, slices=2))
 
 # %% [markdown]
-# ## The chapter-5 model, sharded three ways
-#
-# The chapter-5 `models.MLP` and its `train.make_train_step`, unchanged, jitted with each
-# strategy's shardings (`parallel.make_sharded_train_step`): the losses of a few steps
-# must equal the single-device run's (relative tolerance 2e-5). Random images keep this
-# lab offline-proof; the chapter does the same on MNIST.
+# ## Scorecard
 
 # %%
-rng = np.random.default_rng(0)
-imgs = rng.integers(0, 255, (192, 28, 28), dtype=np.uint8)
-labels = rng.integers(0, 10, (192,)).astype(np.int32)
-reference = parallel.train_chapter5(None, mesh, imgs, labels, steps=3)
-for strategy in ("dp", "fsdp", "tp"):
-    losses = parallel.train_chapter5(strategy, mesh, imgs, labels, steps=3)
-    print(f"{strategy:<5} {np.round(losses, 4).tolist()} equal to single device: "
-          f"{np.allclose(losses, reference, rtol=2e-5)}")
+ch06.LAB.scorecard(globals())

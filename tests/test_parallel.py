@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpu_course import hlo, parallel
+from tpu_course import comms, hlo, parallel
 
 
 def test_ring_schedule_sums_and_moves_2_n_minus_1_over_n():
@@ -75,9 +75,69 @@ def test_hlo_collectives_equal_cost_model_compile_only_v5e(subprocess_runner):
     _check(subprocess_runner(HLO_VS_COMMS.format(target="v5e:2x4"), devices=8, timeout_s=300))
 
 
+ANNOTATED = """
+import json, jax, numpy as np
+from tpu_course import parallel, hlo, comms
+TARGET = {target!r}
+if TARGET:
+    mesh = parallel.make_mesh((8,), ("data",), hlo.tpu_topology(TARGET).devices)
+else:
+    mesh = parallel.cpu_mesh((8,), ("data",))
+B, D, F = 64, 256, 1024
+out = {{}}
+for strategy in ("dp", "fsdp", "tp"):
+    args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
+    rep = hlo.inspect(parallel.sharded_block_step(strategy, mesh), *args, target=TARGET)
+    out[strategy] = sorted(parallel.observed_collectives(rep).items())
+if not TARGET:  # the annotated steps compute what the single-device step computes
+    params = parallel.mlp_block_params(D, F)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((B, D)).astype(np.float32); y = np.tanh(x)
+    _, want = parallel.mlp_block_reference_step()(params, x, y)
+    for strategy in ("dp", "fsdp", "tp"):
+        pspec, xspec = parallel.mlp_block_specs(strategy)
+        _, got = parallel.sharded_block_step(strategy, mesh)(
+            parallel.place(params, mesh, pspec), parallel.place(x, mesh, xspec),
+            parallel.place(y, mesh, xspec))
+        out[strategy + "_rel"] = abs(float(got) - float(want)) / abs(float(want))
+print(json.dumps(out))
+"""
+
+
+def _got(pairs):
+    return [(kind, tuple(v)) for kind, v in pairs]
+
+
+def _plan(strategy):
+    return sorted(comms.collective_bytes(strategy, {"w1": (256, 1024), "w2": (1024, 256)},
+                                         devices=8, batch=64, d_out=256).by_kind().items())
+
+
+def test_annotated_block_collectives_simulated_cpu(subprocess_runner):
+    """By annotations alone, XLA's CPU backend emits what the cost model predicts for DP and
+    TP; for FSDP the same bytes, with the gradients all-reduced (not reduce-scattered)."""
+    out = subprocess_runner(ANNOTATED.format(target=None), devices=8, timeout_s=240)
+    assert _got(out["dp"]) == _plan("dp")
+    assert _got(out["tp"]) == _plan("tp")
+    fsdp = dict(_got(out["fsdp"]))
+    plan = dict(_plan("fsdp"))
+    assert fsdp["all-gather"] == plan["all-gather"]
+    assert fsdp["all-reduce"] == (3, plan["reduce-scatter"][1] + plan["all-reduce"][1])
+    assert "reduce-scatter" not in fsdp
+    for s in ("dp", "fsdp", "tp"):
+        assert out[s + "_rel"] < 2e-5
+
+
+def test_annotated_block_fsdp_reduce_scatters_on_v5e(subprocess_runner):
+    if not hlo.tpu_compiler_available():
+        pytest.skip(hlo.tpu_compiler_problem())
+    out = subprocess_runner(ANNOTATED.format(target="v5e:2x4"), devices=8, timeout_s=300)
+    assert _got(out["fsdp"]) == _plan("fsdp")
+
+
 SHARDED_PARITY = """
 import json, jax, numpy as np
-from tpu_course import hlo, parallel
+from tpu_course import comms, hlo, parallel
 mesh = parallel.cpu_mesh((8,), ("data",))
 params = parallel.mlp_block_params(32, 128, seed=0)
 rng = np.random.default_rng(1)
@@ -102,8 +162,8 @@ for s in ("dp", "fsdp", "tp"):
 # the psum ring
 from jax.sharding import PartitionSpec as P
 v = jax.numpy.asarray(rng.standard_normal((8, 37)).astype(np.float32))
-ring = parallel._shard_map(lambda a: parallel.ring_all_reduce(a, "data", 8), mesh, P("data"), P("data"))
-ps = parallel._shard_map(lambda a: jax.lax.psum(a, "data"), mesh, P("data"), P("data"))
+ring = jax.shard_map(lambda a: parallel.ring_all_reduce(a, "data", 8), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+ps = jax.shard_map(lambda a: jax.lax.psum(a, "data"), mesh=mesh, in_specs=P("data"), out_specs=P("data"))
 out["ring_err"] = float(np.abs(np.asarray(jax.jit(ring)(v)) - np.asarray(jax.jit(ps)(v))).max())
 # GPipe
 w = jax.numpy.asarray(rng.standard_normal((4, 8, 8)).astype(np.float32) / 3)
@@ -135,7 +195,7 @@ def test_sharded_training_matches_single_device_ring_and_pipeline(subprocess_run
 
 CHAPTER5 = """
 import json, numpy as np
-from tpu_course import hlo, parallel
+from tpu_course import comms, hlo, parallel
 mesh = parallel.cpu_mesh((8,), ("data",))
 rng = np.random.default_rng(0)
 imgs = rng.integers(0, 255, (192, 28, 28), dtype=np.uint8)

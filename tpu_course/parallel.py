@@ -13,9 +13,11 @@ What is here:
   (replicated), ``"fsdp"`` (first divisible axis sharded) or ``"tp"`` (Megatron:
   alternate layers split by columns then rows), and the chapter-5 train step jitted
   with those shardings. The step is unchanged: only the layouts differ.
-* :func:`mlp_block_step`: the same three strategies written by hand with ``shard_map``
-  for a two-matrix MLP block, so that every collective is one we asked for; its HLO is
-  what ``tpu_course.comms.collective_bytes`` predicts exactly.
+* :func:`sharded_block_step`: one SGD step of a two-matrix MLP block under DP, FSDP or
+  TP by annotations only (``jax.jit`` shardings; XLA inserts the collectives), and
+  :func:`mlp_block_step`: the same three strategies written by hand with the public
+  ``jax.shard_map``, so that every collective is one we asked for. Chapter 6 shows both
+  and checks their HLO against ``tpu_course.comms.collective_bytes``.
 * :func:`ring_all_reduce`: an all-reduce built from ``ppermute`` (reduce-scatter then
   all-gather around a ring), equal to ``psum``; :func:`ring_schedule` is its step-by-step
   picture in numpy.
@@ -272,42 +274,72 @@ def mlp_block_params(d_model: int, d_ff: int, seed: int = 0, dtype: Any = jnp.fl
             "w2": (rng.standard_normal((d_ff, d_model)) / np.sqrt(d_ff)).astype(dtype)}
 
 
-def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array) -> jax.Array:
+def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array,
+              precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
     """``relu(x @ w1) @ w2``: the feed-forward block of a transformer layer.
 
-    The matmuls ask for ``Precision.HIGHEST`` (true fp32). With the default precision the
-    TPU compiler feeds the matrix units bf16 and, seeing that, moves the conversion
-    before FSDP's all-gathers: they then move half the bytes the fp32 parameters would.
-    The chapter shows that case too; the exact-match tests use full precision.
+    The matmuls ask for ``Precision.HIGHEST`` (true fp32) so that every strategy's
+    result equals the single-device one. With ``precision=None`` (JAX's default) the TPU
+    compiler feeds the matrix units bf16 and moves that conversion before FSDP's
+    all-gathers, which then move half the bytes (chapter 6 shows it in the HLO).
     """
-    hi = jax.lax.Precision.HIGHEST
-    return jnp.matmul(jax.nn.relu(jnp.matmul(x, w1, precision=hi)), w2, precision=hi)
+    hidden = jax.nn.relu(jnp.matmul(x, w1, precision=precision))
+    return jnp.matmul(hidden, w2, precision=precision)
+
+
+def block_loss(params: dict, x: jax.Array, y: jax.Array,
+               precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
+    """The mean squared error of :func:`mlp_block` on one batch."""
+    return jnp.mean((mlp_block(params["w1"], params["w2"], x, precision) - y) ** 2)
 
 
 def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
-    """(parameter specs, batch spec) of :func:`mlp_block_step` under a strategy."""
-    if strategy == "dp":
+    """(parameter specs, batch spec) of the MLP block under a strategy.
+
+    ``w1`` is ``[D, F]``, ``w2`` is ``[F, D]``, the batch ``x`` is ``[B, D]``.
+    """
+    if strategy == "dp":  # replicate the weights, split the batch
         return {"w1": P(), "w2": P()}, P(axis)
-    if strategy == "fsdp":
+    if strategy == "fsdp":  # split the weights (first axis) and the batch
         return {"w1": P(axis), "w2": P(axis)}, P(axis)
-    if strategy == "tp":
+    if strategy == "tp":  # Megatron: w1 by columns, w2 by rows; every device sees the batch
         return {"w1": P(None, axis), "w2": P(axis, None)}, P()
     raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
-def _shard_map(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
-    sm = getattr(jax, "shard_map", None)
-    if sm is not None:
-        return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    from jax.experimental.shard_map import shard_map  # JAX < 0.7
+def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None,
+                       precision: Any = jax.lax.Precision.HIGHEST) -> Callable:
+    """One SGD step of the MLP block, sharded by annotations only: XLA writes the collectives.
 
-    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    The step is the single-device one; ``jax.jit``'s ``in_shardings`` and
+    ``out_shardings`` say where each array lives. FSDP adds one more annotation: inside
+    the loss each weight is constrained to be whole (replicated), which is FSDP's "gather
+    the weight before using it"; the gradient then flows back to the shards.
+    """
+    axis = axis or mesh.axis_names[0]
+    param_specs, batch_spec = mlp_block_specs(strategy, axis)
+    param_sharding = {name: NamedSharding(mesh, spec) for name, spec in param_specs.items()}
+    batch_sharding = NamedSharding(mesh, batch_spec)
+    replicated = NamedSharding(mesh, P())
+
+    def loss(params, x, y):
+        if strategy == "fsdp":  # use each weight whole: XLA all-gathers the shards here
+            params = jax.lax.with_sharding_constraint(params, replicated)
+        return block_loss(params, x, y, precision)
+
+    def step(params, x, y):
+        loss_value, grads = jax.value_and_grad(loss)(params, x, y)
+        return jax.tree.map(lambda p, g: p - lr * g, params, grads), loss_value
+
+    return jax.jit(step, in_shardings=(param_sharding, batch_sharding, batch_sharding),
+                   out_shardings=(param_sharding, replicated))
 
 
 def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None) -> Callable:
-    """One SGD step on the MSE of :func:`mlp_block`, with the strategy's collectives written out.
+    """The same SGD step with every collective written by hand, under ``jax.shard_map``.
 
-    ``step(params, x, y) -> (params, loss)``, jitted, under ``shard_map``:
+    Inside ``shard_map`` each device sees only its own block of every array and talks to
+    the others only through the collectives written here:
 
     * ``"dp"``: the loss is ``pmean``-ed (an all-reduce of a scalar); differentiating
       through it sums the replicated weights' gradients over devices (one all-reduce).
@@ -315,14 +347,11 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
       all-gather is a ``psum_scatter``, so the gradients come back as reduce-scatters.
     * ``"tp"``: ``w1`` split by columns, ``w2`` by rows; one ``psum`` (all-reduce) of the
       ``[batch, d_model]`` partial outputs. The batch is replicated.
-
-    Every device ends with the same loss as the single-device step (up to float
-    rounding): the sharded runs compute the same mathematics.
     """
     axis = axis or mesh.axis_names[0]
-    pspec, xspec = mlp_block_specs(strategy, axis)
+    param_specs, batch_spec = mlp_block_specs(strategy, axis)
 
-    def local_loss(p, x, y):
+    def local_loss(p, x, y):  # p, x, y: this device's blocks
         if strategy == "fsdp":
             w1 = jax.lax.all_gather(p["w1"], axis, tiled=True)
             w2 = jax.lax.all_gather(p["w2"], axis, tiled=True)
@@ -335,21 +364,21 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
         return loss if strategy == "tp" else jax.lax.pmean(loss, axis)
 
     def local_step(p, x, y):
-        # No explicit pmean of the gradients: the parameters are replicated (invariant
-        # over the axis) while the loss came from sharded data, so JAX's transpose of that
+        # No explicit pmean of the gradients: the parameters are replicated (the same on
+        # every device) while the loss came from sharded data, so JAX's transpose of that
         # broadcast is a psum: the all-reduce of data parallelism appears by itself.
         loss, g = jax.value_and_grad(local_loss)(p, x, y)
         return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
 
-    fn = _shard_map(local_step, mesh, (pspec, xspec, xspec), (pspec, P()))
-    return jax.jit(fn)
+    return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=(param_specs, batch_spec, batch_spec),
+                                 out_specs=(param_specs, P())))
 
 
 def mlp_block_reference_step(lr: float = 0.1) -> Callable:
     """The single-device step that :func:`mlp_block_step` must match."""
 
     def step(p, x, y):
-        loss, g = jax.value_and_grad(lambda q: jnp.mean((mlp_block(q["w1"], q["w2"], x) - y) ** 2))(p)
+        loss, g = jax.value_and_grad(block_loss)(p, x, y)
         return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
 
     return jax.jit(step)
@@ -360,12 +389,26 @@ def observed_collectives(report: Any) -> dict[str, tuple[int, int]]:
 
     The same shape as ``tpu_course.comms.CollectivePlan.by_kind()``, so a prediction and
     the compiled program compare with ``==``. Bytes are operand bytes per device.
+
+    The TPU compiler writes FSDP's gradient reduction as an "all-reduce-scatter" fusion:
+    all-reduces whose results are sliced to this device's shard inside the same fusion.
+    Those count as what they do, ``reduce-scatter`` (see :func:`collective_kind`).
     """
     out: dict[str, tuple[int, int]] = {}
     for c in report.collectives:
-        a, b = out.get(c.kind, (0, 0))
-        out[c.kind] = (a + 1, b + int(c.bytes))
+        kind = collective_kind(c)
+        a, b = out.get(kind, (0, 0))
+        out[kind] = (a + 1, b + int(c.bytes))
     return out
+
+
+def collective_kind(collective: Any) -> str:
+    """What a ``tpu_course.hlo.Collective`` does: its kind, except that an all-reduce inside
+    the TPU compiler's ``all-reduce-scatter`` fusion is a ``reduce-scatter``."""
+    fused_in = getattr(collective, "fused_in", None) or ""
+    if collective.kind == "all-reduce" and fused_in.startswith("all-reduce-scatter"):
+        return "reduce-scatter"
+    return collective.kind
 
 
 def mlp_block_abstract(strategy: str, mesh: Mesh, batch: int, d_model: int, d_ff: int,
@@ -484,7 +527,7 @@ def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax
         outs = jax.lax.psum(outs, axis)  # only the last stage wrote: the sum is its outputs
         return outs, jnp.stack(line)[None]
 
-    fn = _shard_map(local, mesh, (P(axis), P()), (P(), P(axis)))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()), out_specs=(P(), P(axis)))
     return jax.jit(fn)(stage_params, microbatches)
 
 
