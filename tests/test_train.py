@@ -291,7 +291,6 @@ def test_time_steps_threads_a_donated_state_and_counts_images():
     assert t.images_per_s == pytest.approx(16 / t.seconds_per_step)
 
 
-<<<<<<< HEAD
 def test_donation_on_the_cpu_backend_is_honoured_without_a_warning():
     """Chapter 3's claim, on whichever JAX line runs the suite (0.7.2 and 0.12 both):
     the donated CPU array is deleted, its buffer reused, and nothing warns; a donation
@@ -314,7 +313,8 @@ def test_donation_on_the_cpu_backend_is_honoured_without_a_warning():
     with pytest.warns(UserWarning, match="donated buffers were not usable"):
         jax.jit(jnp.sum, donate_argnums=0)(x)
     assert not x.is_deleted()
-=======
+
+
 def test_shipped_accelerator_reference_is_the_committed_bench_result():
     """The copy a notebook reads (package data) is exactly bench/results' file."""
     import json
@@ -327,4 +327,3 @@ def test_shipped_accelerator_reference_is_the_committed_bench_result():
     assert train.accelerator_reference("mnist-h200")["device"] == "h200"
     with pytest.raises(ValueError, match="ships"):
         train.accelerator_reference("mnist-tpu-v9")
->>>>>>> issue-11b

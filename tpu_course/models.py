@@ -72,18 +72,6 @@ def _as_nhwc(x: jax.Array) -> jax.Array:
     return x
 
 
-<<<<<<< HEAD
-def _pool2(x: jax.Array) -> jax.Array:
-    """2 x 2 average pooling, stride 2, written as a reshape and a mean.
-
-    The same numbers as ``nnx.avg_pool(x, (2, 2), strides=(2, 2))``, but its gradient is
-    a broadcast rather than a windowed reduction, which XLA's CPU backend runs several
-    times faster (on a TPU or GPU both are cheap).
-    """
-    n, h, w, c = x.shape
-    return x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
-
-
 def _widths(model: str, name: str, widths: Any, count: int | None = None) -> tuple[int, ...]:
     """``widths`` as a tuple of positive layer widths, else a course error naming it."""
     expected = f"{count} positive integers" if count else "a sequence of positive integers"
@@ -95,8 +83,6 @@ def _widths(model: str, name: str, widths: Any, count: int | None = None) -> tup
                  for i, w in enumerate(widths))
 
 
-=======
->>>>>>> issue-11b
 class MLP(nnx.Module):
     """A multilayer perceptron: flatten, ``len(hidden)`` ReLU layers, a 10-way output.
 
@@ -130,18 +116,10 @@ class MLP(nnx.Module):
 class CNN(nnx.Module):
     """A small convolutional network for 28 x 28 images: 206,922 parameters by default.
 
-<<<<<<< HEAD
-    conv 3x3 -> ReLU -> avg-pool 2x2 -> conv 3x3 -> ReLU -> avg-pool 2x2 -> dense -> ReLU
-    -> dense (logits). 'SAME' padding, so the two poolings take 28 -> 14 -> 7.
-    Parameters with the defaults: conv1 ``3*3*1*16 + 16 = 160``, conv2
-    ``3*3*16*32 + 32 = 4,640``, dense ``7*7*32*128 + 128 = 200,832``, out
-    ``128*10 + 10 = 1,290``: 206,922 in all.
-=======
     conv 3x3 -> ReLU -> pool 2x2 -> conv 3x3 -> ReLU -> pool 2x2 -> dense -> ReLU -> dense.
     'SAME' padding keeps each convolution's map size, so the poolings take 28 -> 14 -> 7.
     An ``nnx.Module`` is a plain Python object: ``__init__`` creates the layers (and
     their parameters, from ``rngs``), ``__call__`` is the forward pass.
->>>>>>> issue-11b
 
     Args:
         features: output channels of the two convolutions (default 16 and 32).
@@ -151,16 +129,9 @@ class CNN(nnx.Module):
         rngs: ``nnx.Rngs`` for the initialisation, e.g. ``nnx.Rngs(0)``.
     """
 
-<<<<<<< HEAD
-    def __init__(self, features: tuple[int, int] = (16, 32), hidden: int = 128,
-                 num_classes: int = NUM_CLASSES, *, dtype: Any = None, rngs: nnx.Rngs):
-        c1, c2 = _widths("CNN", "features", features, count=2)
-        errors.check_int("hidden", hidden, low=1, where="CNN")
-=======
     def __init__(self, features=(16, 32), hidden=128, num_classes=10, *, dtype=None,
                  rngs: nnx.Rngs):
         c1, c2 = features
->>>>>>> issue-11b
         self.conv1 = nnx.Conv(1, c1, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
         self.conv2 = nnx.Conv(c1, c2, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
         self.dense = nnx.Linear(7 * 7 * c2, hidden, dtype=dtype, rngs=rngs)
@@ -231,12 +202,7 @@ def forward_flops_per_image(model: nnx.Module) -> int:
     elif isinstance(model, MLP):
         layers = [*model.hidden, model.out]
     else:
-<<<<<<< HEAD
         raise errors.CourseTypeError(f"forward_flops_per_image knows CNN and MLP, got {type(model).__name__}")
-=======
-        raise TypeError(f"forward_flops_per_image knows CNN and MLP (or a model with a CNN's "
-                        f"conv1, conv2, dense, out), got {type(model).__name__}")
->>>>>>> issue-11b
     for layer in layers:
         a, b = layer.kernel.shape
         flops += 2 * a * b

@@ -304,7 +304,7 @@ def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
         return {"w1": P(axis), "w2": P(axis)}, P(axis)
     if strategy == "tp":  # Megatron: w1 by columns, w2 by rows; every device sees the batch
         return {"w1": P(None, axis), "w2": P(axis, None)}, P()
-    raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
 def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None,

@@ -255,13 +255,8 @@ def prefetch_to_device(iterator, depth=2, device=None):
     the default device.
     """
     if depth < 0:
-<<<<<<< HEAD
-        raise errors.CourseValueError(f"prefetch depth must be >= 0, got {depth}")
-    queue: collections.deque = collections.deque()
-=======
         raise ValueError(f"prefetch depth must be >= 0, got {depth}")
     queue = collections.deque()  # first in, first out: batches already on their way
->>>>>>> issue-11b
     for item in iterator:
         queue.append(jax.device_put(item, device))  # starts the copy, returns at once
         if len(queue) > depth:

@@ -301,13 +301,6 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any])
     """Exercise 5: achieved FLOP/s over the chip's dense bf16 peak, as a fraction."""
     chip = hardware.get("v5e")
     flops, seconds = 2 * 8192**3, 0.01
-<<<<<<< HEAD
-    peak = hardware.peak_flops_per_s(chip)
-    want = flops / seconds / peak
-    got = fraction_of_peak(flops, seconds, "v5e")
-    if np.isclose(got, want, rtol=1e-6):
-        return ok(name, f"{got:.3f} of the v5e's {peak / 1e12:.0f} TFLOP/s.")
-=======
     peak = bf16_peak(chip)
     want = flops / seconds / peak
     got = as_number(EX5, fraction_of_peak(flops, seconds, "v5e"), "the fraction")
@@ -316,19 +309,10 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any])
     answer = f"{flops:.3g} FLOPs in {seconds} s on a v5e: {want:.3f} of the peak"
     if np.isclose(got, want, rtol=1e-6):
         return ok(EX5, f"{got:.3f} of the v5e's {peak / 1e12:.0f} TFLOP/s.")
->>>>>>> issue-11a
     if np.isclose(got, 100 * want, rtol=1e-6):
         return fail(EX5, "that is a percentage", hint="return a fraction between 0 and 1",
                     answer=answer)
     if np.isclose(got, 1 / want, rtol=1e-6):
-<<<<<<< HEAD
-        return fail(name, f"got {got:.3f}, the inverse of the answer: divide achieved FLOP/s "
-                          "(flops / seconds) by the peak.")
-    if np.isclose(got, flops * seconds / peak, rtol=1e-6):
-        return fail(name, "you multiplied by the time: achieved FLOP/s is flops / seconds.")
-    return fail(name, f"for {flops:.3g} FLOPs in {seconds} s on a v5e expected {want:.3f}, got {got}. "
-                      "Take the peak from tpu_course.hardware.get(chip).peak_bf16_flops_per_s.")
-=======
         return fail(EX5, "that is the inverse of the fraction",
                     hint="divide achieved FLOP/s (flops / seconds) by the peak", answer=answer)
     if np.isclose(got, flops * seconds / peak, rtol=1e-6):
@@ -337,7 +321,6 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any])
     return fail(EX5, f"for a v5e your fraction is {got / want:.3g}x the right one",
                 hint="take the peak from tpu_course.hardware.get(chip).peak_bf16_flops_per_s",
                 answer=answer)
->>>>>>> issue-11a
 
 
 # -- Exercise 6 ------------------------------------------------------------------------
