@@ -595,35 +595,35 @@ for name in ("v5e", "v5p", "v6e"):
 # FLOP/s; the course's table (Cloud TPU's v5p page) has $4.59\times10^{14}$:
 
 # %%
-BOOK_V5P_C = 4.46e14  # the C of the scaling book's DCN example for v5p (training chapter), not a table value
 v5p = hardware.get("v5p")
-print(f"book:   C / W_dcn = {BOOK_V5P_C:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
-      f"{BOOK_V5P_C / v5p.dcn_bytes_per_s:,.0f} tokens per slice (the book's C)")
+book_c = comms.BOOK_V5P_FLOPS_PER_S  # the C of the book's v5p example, not the table's
+print(f"book:   C / W_dcn = {book_c:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
+      f"{comms.dcn_book_min_tokens_per_slice(v5p, flops_per_s=book_c):,.0f} tokens per slice (the book's C)")
 print(f"course: C / W_dcn = {v5p.peak_bf16_flops_per_s:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
-      f"{comms.dcn_intensity(v5p):,.0f} tokens per slice (the table's C)")
+      f"{comms.dcn_book_min_tokens_per_slice(v5p):,.0f} tokens per slice (the table's C)")
 
 # %% [markdown]
-# **The course's variant** (`comms.dcn_min_tokens_per_slice`) changes two assumptions,
-# stated here: gradients all-reduced in **fp32** by a ring over $S$ slices, so each slice
-# sends $2(S-1)/S \times 32$ bits per parameter (32 bits at two slices, approaching 64),
-# and **all 6** FLOPs per parameter per token overlapping that traffic:
-# $B > (\text{bits}/8)\,C/(6\,W_{dcn})$. Only the backward pass (4 of the 6 FLOPs) can
-# overlap a gradient all-reduce, since the gradients exist only once it has run; with 4 the
-# same formula gives 1.5x more. The book's rule is the bf16 case with 4 FLOPs: 2 bytes x
-# 2 (an all-reduce) / 4 = 1 byte per FLOP, $B > C/W_{dcn}$.
+# **The course's variant** (`comms.dcn_min_tokens_per_slice`) keeps the book's overlap
+# assumption (only the backward pass, 4 of the 6 FLOPs per parameter per token, can hide a
+# gradient all-reduce: the gradients exist only once it has run) and changes two others,
+# stated here: gradients all-reduced in **fp32**, by a ring over $S$ slices, so each slice
+# sends $2(S-1)/S \times 32$ bits per parameter (32 bits at two slices, approaching 64):
+# $B > (\text{bits}/8)\,C/(4\,W_{dcn})$. The last column shows how much an optimistic
+# reading (all 6 FLOPs overlapping) would understate it.
 
 # %%
-print("slices  bits/param   v5p: 6 FLOPs overlap   4 FLOPs (backward only)   book (bf16, 4)")
+print("slices  bits/param   v5p variant (4 FLOPs overlap)   if all 6 overlapped   book (bf16)")
 for s in (2, 4, 64):
-    six = comms.dcn_min_tokens_per_slice("v5p", s)
-    print(f"{s:>6}  {comms.dcn_bits_per_param(s):10.1f}   {six:>20,.0f}   {six * 6 / 4:>23,.0f}"
-          f"   {comms.dcn_intensity('v5p'):>14,.0f}")
+    four = comms.dcn_min_tokens_per_slice("v5p", s)
+    print(f"{s:>6}  {comms.dcn_bits_per_param(s):10.1f}   {four:>29,.0f}   {four * 4 / 6:>19,.0f}"
+          f"   {comms.dcn_book_min_tokens_per_slice('v5p'):>11,.0f}")
 print(comms.recommend("v5e", 7e9, 1e6, slices=4))
 
 # %% [markdown]
-# A figure of "350k-700k tokens per pod" circulates in notes on multislice training; it
-# could not be traced to a source, and neither the book's rule nor the variant above
-# reaches it (they give 42k-147k per slice): treat it as **unverified**.
+# A figure of "350k-700k tokens per pod" circulates in notes on multislice training. Its
+# "theoretical minimum" of 176k-352k matches the variant above on a TPU7x (184,560 at two
+# slices, up to 369,120 with many) within 5%, and 350k-700k is that doubled as a margin;
+# the chip throughput behind it is not given in any source, so treat it as **unverified**.
 
 # %%
 import matplotlib.pyplot as plt
