@@ -147,6 +147,9 @@ class CNN(nnx.Module):
 
     def __init__(self, features=(16, 32), hidden=128, num_classes=10, *, dtype=None,
                  rngs: nnx.Rngs):
+        for i, width in enumerate(features):  # every layer needs at least one channel
+            if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+                raise ValueError(f"CNN.features[{i}]={width!r}: expected an integer >= 1")
         c1, c2 = features
         self.conv1 = nnx.Conv(1, c1, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
         self.conv2 = nnx.Conv(c1, c2, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
