@@ -217,12 +217,34 @@ def lab_from_solution(solution: Any) -> Any:
     return lab
 
 
+_PACKAGE_MODULES = ("hardware", "systolic", "roofline", "comms", "runtime", "data", "hlo",
+                    "bench", "models", "train", "parallel", "parity", "viz", "checks",
+                    "transfer", "errors")
 SAME_CODE = re.compile(r"^# Same code as (?P<names>tpu_course\.[\w.]+(?:, tpu_course\.[\w.]+)*)")
 
 
 def _normalise_code(text: str) -> str:
     lines = [line.rstrip() for line in text.strip().split("\n")]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+PRIVATE = re.compile(r"\b(?:tpu_course|" + "|".join(_PACKAGE_MODULES) + r"|ch0\d)"
+                     r"(?:\.\w+)*\.(_[a-zA-Z]\w*)\b")
+
+
+def private_name_problems(ipynb: pathlib.Path) -> list[str]:
+    """Code cells that reach into the package's private (``_``-prefixed) names.
+
+    >>> bool(PRIVATE.search("parallel._shard_map(f)")), bool(PRIVATE.search("x._value"))
+    (True, False)
+    """
+    import nbformat
+
+    nb = nbformat.read(ipynb, as_version=4)
+    return [f"{ipynb.parent.name}/{ipynb.name} cell {i} calls the private "
+            f"{m.group(0)}: notebooks use the package's public names only"
+            for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for m in PRIVATE.finditer(cell.source)]
 
 
 def same_code_problems(ipynb: pathlib.Path) -> list[str]:
@@ -372,6 +394,7 @@ def check() -> list[str]:
     for folder in ("notebooks", "solutions"):
         for ipynb in sorted((ROOT / folder).glob("*.ipynb")):
             problems += same_code_problems(ipynb)
+            problems += private_name_problems(ipynb)
     problems += write_labs(check_only=True)
     readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else ""
     for ipynb in sorted((ROOT / "notebooks").glob("*.ipynb")):
