@@ -46,7 +46,7 @@ held, out = [], sys.stdout.buffer
 for line in sys.stdin.buffer:
     if line.rstrip(b"\n") == marker:
         sys.exit(0)
-    if noise.search(line.decode(errors="replace")):
+    if not line.strip() or noise.search(line.decode(errors="replace")):
         held.append(line)
     else:
         out.write(line); out.flush()
