@@ -65,6 +65,10 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed(DeprecationWarning, r"Kernel\._parent_header is deprecated in ipykernel 6",
             "ipywidgets 7.7.1 (Colab's) reads it whenever a widget is shown; ipywidgets 8 "
             "does not. Upstream, not the course's."),
+    Allowed(PendingDeprecationWarning, r"For consistency across implementations, it is "
+            r"recommended that `do_shutdown`",
+            "ipykernel 7 warns about its own IPythonKernel when a kernel shuts down; as an "
+            "error it stops the shutdown and the kernel is killed. Upstream, not the course's."),
 )
 
 
