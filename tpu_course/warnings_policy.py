@@ -59,7 +59,7 @@ class Allowed:
 #: The known upstream warnings that are allowed, each with its reason. Keep it short:
 #: an entry is a debt with a date on it.
 ALLOWED: tuple[Allowed, ...] = (
-    Allowed(DeprecationWarning, r"'[A-Za-z_]+' deprecated - use '[a-z_]+'",
+    Allowed(DeprecationWarning, r"'[A-Za-z_]+' (argument is )?deprecated[ ,-]+use '[a-z_]+'",
             "pyparsing >= 3.3 renamed its camelCase API; matplotlib 3.10 (Colab's) still calls "
             "it when it is imported (matplotlib 3.11 does not). Upstream, not the course's."),
     Allowed(DeprecationWarning, r"Kernel\._parent_header is deprecated in ipykernel 6",
