@@ -38,9 +38,8 @@ def test_param_specs_tp_alternates_and_fsdp_divides():
         parallel.param_specs("zero3", params)
 
 
-HLO_VS_COMMS = """
-import json, jax
-from tpu_course import parallel, hlo, comms
+# An 8-device mesh (simulated CPUs, or a compile-only TPU topology) and the MLP block's sizes.
+MESH_8 = """
 TARGET = {target!r}
 if TARGET:
     mesh = parallel.make_mesh((8,), ("data",), hlo.tpu_topology(TARGET).devices)
@@ -48,7 +47,12 @@ else:
     mesh = parallel.cpu_mesh((8,), ("data",))
 B, D, F = 64, 256, 1024
 out = {{}}
-for strategy in ("dp", "fsdp", "tp"):
+"""
+
+HLO_VS_COMMS = """
+import json, jax
+from tpu_course import parallel, hlo, comms
+""" + MESH_8 + """for strategy in ("dp", "fsdp", "tp"):
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     rep = hlo.inspect(parallel.mlp_block_step(strategy, mesh), *args, target=TARGET)
     got = parallel.observed_collectives(rep)
@@ -78,14 +82,7 @@ def test_hlo_collectives_equal_cost_model_compile_only_v5e(subprocess_runner):
 ANNOTATED = """
 import json, jax, numpy as np
 from tpu_course import parallel, hlo, comms
-TARGET = {target!r}
-if TARGET:
-    mesh = parallel.make_mesh((8,), ("data",), hlo.tpu_topology(TARGET).devices)
-else:
-    mesh = parallel.cpu_mesh((8,), ("data",))
-B, D, F = 64, 256, 1024
-out = {{}}
-for strategy in ("dp", "fsdp", "tp"):
+""" + MESH_8 + """for strategy in ("dp", "fsdp", "tp"):
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     rep = hlo.inspect(parallel.sharded_block_step(strategy, mesh), *args, target=TARGET)
     out[strategy] = sorted(parallel.observed_collectives(rep).items())
