@@ -59,31 +59,31 @@ test: test-unit test-notebooks test-labs test-colab
 test-unit test-notebooks test-labs test-colab: export TPU_COURSE_STRICT_WARNINGS := 1
 
 test-unit: setup
-	$(PY) -m pytest -q -ra tests tpu_course
-	$(PY) -m tpu_course.notebooks check
+	$(PY) -m pytest -q -ra tests tpu_course tools
+	$(PY) -m tools.notebooks check
 
 test-notebooks: setup
 	$(PY) -m pytest -q $(NBVAL) notebooks/*.ipynb solutions/*.ipynb
 
 test-labs: setup
-	$(PY) -m tpu_course.notebooks run-labs
+	$(PY) -m tools.notebooks run-labs
 
 # The Colab line: unit tests, then every notebook and solution executed; their outputs are
 # compared loosely (--nbval-lax: a cell may not raise, its text may differ, since versions
 # print differently), then the unsolved labs to their scorecards.
 test-colab: setup-colab
-	$(PY_COLAB) -m pytest -q -ra tests tpu_course
+	$(PY_COLAB) -m pytest -q -ra tests tpu_course tools
 	$(PY_COLAB) -m pytest -q --nbval-lax --nbval-cell-timeout=300 notebooks/*.ipynb solutions/*.ipynb
-	$(PY_COLAB) -m tpu_course.notebooks run-labs
+	$(PY_COLAB) -m tools.notebooks run-labs
 
 labs: setup
-	$(PY) -m tpu_course.notebooks labs
+	$(PY) -m tools.notebooks labs
 
 sync: setup
-	$(PY) -m tpu_course.notebooks sync
+	$(PY) -m tools.notebooks sync
 
 notebooks: setup
-	$(PY) -m tpu_course.notebooks build --all
+	$(PY) -m tools.notebooks build --all
 
 bench: setup
 	$(PY) bench/run.py

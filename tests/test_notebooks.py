@@ -8,7 +8,7 @@ import sys
 import nbformat
 import pytest
 
-from tpu_course import notebooks
+from tools import notebooks
 
 
 def _nb(*cells):
@@ -120,3 +120,23 @@ def test_same_code_cells_must_equal_the_package_source(tmp_path):
     assert notebooks.same_code_problems(tmp_path / "good.ipynb") == []
     problems = notebooks.same_code_problems(tmp_path / "bad.ipynb")
     assert len(problems) == 1 and "differs from tpu_course.checks.is_not_written" in problems[0]
+
+
+def test_labs_refuse_a_solution_whose_ipynb_is_older_than_its_twin(tmp_path, monkeypatch):
+    """`make labs` reads solutions/*.ipynb: a twin edited without a rebuild must stop it."""
+    import shutil
+
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "labs").mkdir()
+    for suffix in (".ipynb", ".py"):
+        shutil.copy(notebooks.ROOT / "solutions" / f"01_systolic_array{suffix}",
+                    tmp_path / "solutions" / f"01_systolic_array{suffix}")
+    monkeypatch.setattr(notebooks, "ROOT", tmp_path)
+    assert notebooks.write_labs() == []  # in sync: the lab is written
+    assert (tmp_path / "labs" / "01_systolic_array.ipynb").exists()
+    twin = tmp_path / "solutions" / "01_systolic_array.py"
+    twin.write_text(twin.read_text() + "\n# %%\nprint('edited, not rebuilt')\n")
+    (tmp_path / "labs" / "01_systolic_array.ipynb").unlink()
+    problems = notebooks.write_labs()
+    assert len(problems) == 1 and "rebuild the solution first" in problems[0]
+    assert not (tmp_path / "labs" / "01_systolic_array.ipynb").exists()

@@ -20,7 +20,7 @@ import zipfile
 
 import pytest
 
-from tpu_course import notebooks
+from tools import notebooks
 
 FLOOR = notebooks.JAX_FLOOR
 OLD = "0.6.0"

@@ -20,12 +20,12 @@ _warnings_policy.install_if_requested()
 
 #: The GitHub repository the course lives in (owner/name). The README's "Open in Colab"
 #: links and every notebook's setup cell are generated from this one setting
-#: (``python -m tpu_course.notebooks sync``).
+#: (``python -m tools.notebooks sync``).
 REPOSITORY = "tpu-course/tpu-course"
 
 _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "runtime",
-    "data", "hlo", "bench", "models", "train", "parallel", "parity", "viz", "checks", "notebooks",
+    "data", "hlo", "bench", "models", "train", "parallel", "parity", "viz", "checks",
 )
 
 

@@ -12,10 +12,10 @@ The text twin (``.py``, jupytext percent format) is what authors edit. This modu
 
 Command line (from the repository root)::
 
-    python -m tpu_course.notebooks build notebooks/02_first_program.py   # one notebook
-    python -m tpu_course.notebooks build --all                           # everything
-    python -m tpu_course.notebooks labs           # rewrite labs/ from solutions/
-    python -m tpu_course.notebooks check          # exit 1 and say what drifted
+    python -m tools.notebooks build notebooks/02_first_program.py   # one notebook
+    python -m tools.notebooks build --all                           # everything
+    python -m tools.notebooks labs           # rewrite labs/ from solutions/
+    python -m tools.notebooks check          # exit 1 and say what drifted
 """
 
 from __future__ import annotations
@@ -305,6 +305,11 @@ def write_labs(check_only: bool = False) -> list[str]:
 
     problems = []
     for sol in sorted((ROOT / "solutions").glob("*.ipynb")):
+        stale = twin_in_sync(sol)  # the author edits the .py; a lab from a stale .ipynb is wrong
+        if stale:
+            problems.append(f"{stale}: rebuild the solution first "
+                            f"(`python -m tools.notebooks build solutions/{sol.stem}.py`)")
+            continue
         lab = lab_from_solution(nbformat.read(sol, as_version=4))
         target = ROOT / "labs" / sol.name
         if check_only:
@@ -389,7 +394,7 @@ def check() -> list[str]:
             if not code or code[0].source.strip() != SETUP_CELL.strip():
                 problems.append(
                     f"{folder}/{ipynb.name}: the first code cell is not the canonical setup "
-                    "cell (tpu_course.notebooks.SETUP_CELL); run `make sync`"
+                    "cell (tools.notebooks.SETUP_CELL); run `make sync`"
                 )
     for folder in ("notebooks", "solutions"):
         for ipynb in sorted((ROOT / folder).glob("*.ipynb")):
@@ -461,7 +466,7 @@ def sync_readme() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_course.notebooks")
+    parser = argparse.ArgumentParser(prog="python -m tools.notebooks")
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="execute .py twins into .ipynb with outputs")
     b.add_argument("paths", nargs="*", type=pathlib.Path)
@@ -477,7 +482,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in paths:
             print(f"{p.relative_to(ROOT) if p.is_absolute() else p}: {build(p):.1f} s", flush=True)
     elif args.cmd == "labs":
-        write_labs()
+        problems = write_labs()
+        print("\n".join(problems) or "labs/ written from solutions/")
+        return 1 if problems else 0
     elif args.cmd == "sync":
         sync_setup_cells()
         write_labs()

@@ -1,0 +1,1 @@
+"""Authoring tools for the course (not shipped in the learner package): `python -m tools.notebooks`."""
