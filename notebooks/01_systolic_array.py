@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
 # # Chapter 1: Why TPUs: the systolic array
 #
 # A TPU is a matrix unit first and a processor second. This chapter builds that matrix
@@ -86,7 +86,7 @@ from tpu_course import hardware, systolic, viz
 
 np.set_printoptions(linewidth=110)
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
 # ## 1. Why a matrix unit: where does each multiply-accumulate get its operands?
 #
 # A matmul of size n does n³ MACs. What limits a machine is rarely the multiplier; it is
@@ -139,7 +139,7 @@ plt.show()
 # > **Takeaway.** A systolic array turns a memory problem into a wiring problem: values
 # > move one cell per cycle over short wires instead of travelling to and from memory.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 8, "agenda": "half-day"}
 # ## 2. The simulator at work: a 4 x 4 weight-stationary array
 #
 # The TPU's matrix unit (MXU) is **weight-stationary**: the cells hold a tile of B (the
@@ -231,7 +231,7 @@ for df in systolic.DATAFLOWS:
     print(f"  {df}: {r.folds} folds, {r.cycles:3d} cycles, utilisation {r.utilization:.3f}, "
           f"{r.operand_reads} values in, {r.result_writes} results out")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
 # ## 3. Two timing conventions: SCALE-Sim's and the MXU's
 #
 # [SCALE-Sim](https://github.com/scalesim-project/scale-sim-v3) is the published
@@ -274,7 +274,7 @@ print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F 
 # > drain; double buffering pays them once for the whole matmul. The longer the stream
 # > (`T = M`, the batch of rows), the less the fixed costs matter.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "half-day"}
 # ## 4. Real MXUs: 128 x 128 and 256 x 256, and the padding staircase
 #
 # A 100 x 100 matmul on a 128 x 128 MXU fills only 100 x 100 of its 16,384 cells: the
@@ -311,7 +311,7 @@ plt.show()
 viz.plot_cycles_vs_size(list(range(1, 65)), [4, 8, 9, 16, 17, 24, 32, 33, 48, 64], rows=8, cols=8)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # ## 5. The chip around the MXU
 #
 # The MXU only multiplies matrices. Around it (per TensorCore):
@@ -351,7 +351,7 @@ for name in ("v5e",):
 # published MXU counts and the published peaks do not imply a plausible clock, so the
 # simulator counts cycles and stops there.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 6, "agenda": "half-day"}
 # ## 6. bf16: the number format of the MXU
 #
 # bfloat16 keeps float32's 8 exponent bits and cuts the significand from 23 bits to 7.
@@ -437,7 +437,7 @@ plt.show()
 # > **Takeaway.** bf16 has float32's range and about 3 significant digits. Use it for
 # > the inputs of a matmul, keep the sums in float32.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "two-days"}
 # ## 7. Where the real MXU differs from the toy
 #
 # * It takes bf16 (and on newer chips int8/fp8) inputs and accumulates in fp32; the

@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
 # # Chapter 2: Getting a TPU and a first JAX program
 #
 # Chapter 1 built a matrix unit out of multiply-accumulate cells. This chapter finds a
@@ -63,7 +63,7 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
 # ## 1. Which runtime am I on?
 #
 # Every notebook of the course starts with this banner, so that every output below it
@@ -134,7 +134,7 @@ from tpu_course import hardware
 
 print(hardware.table())
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
 # ## 2. Getting a TPU
 #
 # | where | what you get | how |
@@ -180,7 +180,7 @@ one_day = comms.training_cost("v6e", 8, hours=24, pricing="on_demand")  # a v6e-
 print("a workshop:", workshop)
 print("a day of v6e-8:", one_day)
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # ## 3. The path of the data: host -> HBM -> compute -> host
 #
 # NumPy arrays live in host memory. `jax.device_put` copies one to the device's HBM; the
@@ -208,7 +208,7 @@ sweep.plot();
 # at the host link's bandwidth, typically tens of GB/s, compared with the HBM bandwidth in
 # the table above (hundreds to thousands of GB/s).
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "half-day"}
 # ## 4. Asynchronous dispatch: JAX returns before the work is done
 #
 # Calling a jitted function *enqueues* the work on the device and returns at once with an
@@ -241,7 +241,7 @@ print(f"returned after {dispatched * 1e3:8.3f} ms (work queued, not done)")
 print(f"finished after {finished * 1e3:8.3f} ms (block_until_ready)")
 print(f"a timer without block_until_ready would report {dispatched / finished:.1%} of the real time")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 6, "agenda": "half-day", "needs": "tpu"}
 # ## 5. A first timed matmul
 #
 # `bench.benchmark` does what a correct benchmark needs: it compiles first and reports
@@ -298,7 +298,7 @@ else:
     print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s on {rt.device_kind}: the hardware table "
           "has no peak for this chip and dtype to compare against.")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways
 # - Print the runtime first: every number in a notebook belongs to a machine. JAX's own
 #   view is `jax.devices()`, `device.device_kind` and, for an array, `.devices()` and

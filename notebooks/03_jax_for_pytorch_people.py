@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 8, "agenda": "one-day"}
 # # Chapter 3: JAX for PyTorch people
 #
 # A PyTorch programmer already knows tensors, autograd, modules and optimizers. JAX has
@@ -113,7 +113,7 @@ def pytorch(code: str) -> None:
         print("  (torch not installed: shown, not run)")
 
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
 # ## 1. Arrays are immutable
 #
 # In PyTorch, `x[1] = 5` writes into the tensor's memory, and every other name for that
@@ -178,7 +178,7 @@ with warnings.catch_warnings(record=True) as caught:
 print("warning:", [str(w.message).splitlines()[0] for w in caught])
 print("x4 deleted:", x4.is_deleted())
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 10, "agenda": "one-day"}
 # ## 2. `jit` and tracing
 #
 # `torch.compile` is an optional speed-up over eager PyTorch. In JAX, `jax.jit` is how
@@ -311,7 +311,7 @@ after = bench.compile_counts()["compiles"]
 print(f"padded to buckets {BUCKETS}: {predict_bucketed._cache_size()} compiled versions; "
       f"JAX's compile events during the loop: {after - before}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
 # (Two other fixes: drop the last partial batch in training, as
 # `DataLoader(drop_last=True)` does; or pad every batch to the full size with a mask.)
 #
@@ -358,7 +358,7 @@ xb, yb = jnp.array([[1.0, 2.0], [3.0, 4.0]]), jnp.array([[1.0], [2.0]])
 print("loss", float(loss), " aux pred", aux["pred"].ravel().tolist())
 print("grads", jax.tree.map(lambda a: a.ravel().tolist(), grads))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
 # ## 4. `vmap` instead of writing the batch dimension by hand
 #
 # A PyTorch model is written for a batch: every layer knows that axis 0 is the batch.
@@ -399,7 +399,7 @@ print("their sum is the batch gradient:",
       bool(jnp.allclose(per_example.sum(0),
                         jax.grad(lambda w: batched_loss(w, X, Y).sum())(w), rtol=1e-2, atol=1e-2)))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # ## 5. Explicit random keys instead of a global seed
 #
 # `torch.manual_seed(0)` sets a hidden global state that every random call advances, so
@@ -428,7 +428,7 @@ print("after split:           ", jax.random.uniform(init_key, (2,)).tolist(),
 step_keys = [jax.random.fold_in(dropout_key, step) for step in range(3)]
 print("fold_in(step):         ", [round(float(jax.random.uniform(k)), 4) for k in step_keys])
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "two-days"}
 # Why this matters on many chips: with a global seed, each device's random stream
 # depends on the order in which work happened to run there, so a 256-chip run cannot be
 # reproduced on 8 chips. With keys, the dropout mask of example *i* at step *s* is a
@@ -475,7 +475,7 @@ layer = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
 graphdef, state = nnx.split(layer)
 print(type(state).__name__, jax.tree.map(jnp.shape, nnx.to_pure_dict(state)))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # ## 7. Pure functions: side effects run once, while tracing
 #
 # `jit` runs your Python once to trace it. Whatever the function does *besides*
@@ -500,7 +500,7 @@ for i in range(3):
 scale = 100.0                       # too late: the compiled program holds 2.0
 print("log:", log, "| impure(ones) =", impure(np.ones(2, np.float32)).tolist())
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "two-days"}
 # The rule that follows: a jitted function should take everything it reads as an
 # argument and return everything it changes. That is why a JAX training step looks like
 # `params, opt_state = step(params, opt_state, batch)` rather than `optimizer.step()`.
@@ -534,7 +534,7 @@ scanned = jax.make_jaxpr(lambda xs: jax.lax.scan(lambda c, x: (c + x, None), 0.0
     jnp.ones(50))
 print("equations: Python loop", len(unrolled.eqns), "| lax.scan", len(scanned.eqns))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "two-days"}
 # ## 9. Asynchronous dispatch: a call returns before the work is done
 #
 # Like CUDA in PyTorch, JAX queues work on the device and returns at once; the Python
@@ -555,7 +555,7 @@ t_done = time.perf_counter() - t0
 print(f"returned after {t_dispatch * 1e3:.2f} ms, finished after {t_done * 1e3:.2f} ms "
       f"({rt.platform.upper()} timings)")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "two-days"}
 # ## 10. Matmul precision: "the TPU cannot do arithmetic"
 #
 # On a TPU, a float32 matrix multiply with the default precision is **not** computed in
@@ -606,7 +606,7 @@ print(f"{rt.platform.upper()}: default precision  max error / max |C| = {rel_err
 print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
       f"{rel_err(scoped):.0e}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 10, "agenda": "self-paced"}
 # ## 11. The route question: keep PyTorch, or port to JAX?
 #
 # A PyTorch team that wants TPUs has three routes, each with a different cost:
@@ -624,7 +624,8 @@ print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
 # numerics (a different compiler, bfloat16 matmuls, different kernels), so every route
 # ends with the same step before any scaling: **prove numerical parity** on one device,
 # then scale.
-#
+
+# %% [markdown] workshop={"minutes": 8, "agenda": "two-days"}
 # ## 12. Proving parity, layer by layer
 #
 # Parity means: same weights, same inputs, and then the same output at **every layer**,
@@ -736,7 +737,7 @@ plant("fc1 bias forgotten", fwd=forward_no_bias)
 plant("flattened NHWC, not NCHW", fwd=lambda p, x: forward(p, x, flatten_like_torch=False))
 plant("loss summed, not averaged", reduce=jnp.sum)
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "one-day"}
 # Each mistake is named at the layer where it happens: the transposed kernel at
 # `fc2`'s parameters; the missing bias at `fc1`'s output (the difference is the same
 # for every example: a per-feature offset); the summed loss at the loss, scaled by the

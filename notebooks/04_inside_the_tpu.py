@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 7, "agenda": "half-day"}
 # # Chapter 4: Inside the TPU: what `jit` produces
 #
 # Chapter 3 used `jax.jit` as a black box that makes code fast. This chapter opens the
@@ -92,7 +92,7 @@ if not AOT:
     print("Note: the cells that compile for a TPU will print a note and skip. To see them, "
           'install the extra: pip install "tpu-course[aot]" (about 700 MB), then restart.')
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "half-day"}
 # ## 1. Three programs from one function
 #
 # Take one layer of an MLP, $y = \mathrm{relu}(xW + b)$, with a batch of 64 rows, 512
@@ -165,7 +165,7 @@ if AOT:
 else:
     print("skipped: needs the TPU extra (libtpu) to compile for a TPU")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
 # ## 2. Fusion, seen and measured
 #
 # Fusion is XLA's most important optimisation for memory-bound code: a chain of
@@ -225,7 +225,7 @@ print(f"unfused / fused time: {bench.compare(t_fused, t_unfused) ** -1:.2f}x; "
 # results (`make bench`) time matmuls, not this pair. Run this cell on a TPU or GPU and
 # compare the two ratios yourself.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 7, "agenda": "half-day"}
 # ## 3. FLOPs and bytes: XLA against a hand count
 #
 # For the layer, count by hand. The matmul does $2 \cdot B \cdot D \cdot H$ FLOPs (each
@@ -299,7 +299,7 @@ else:
 # show. Why exactly 5 and 25 is **not explained here**. Keep both numbers in mind: the
 # hand count is the *floor*, XLA's number is what this compiler expects.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
 # ## 4. Arithmetic intensity and the roofline
 #
 # A chip can do at most $P$ FLOP/s and move at most $W$ bytes/s, so a kernel with
@@ -353,7 +353,7 @@ else:
     roofline.plot(rt.chip, measured, dtype=roof)
     plt.show()
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "half-day", "needs": "tpu"}
 # ## 5. A correct benchmark, and three classic mistakes
 #
 # `bench.benchmark` compiles first and reports that time apart, warms up, waits for
@@ -419,7 +419,7 @@ r = bench.benchmark(changing, a, repeats=5, min_time=0.0, number=1, warn=False)
 print("recompilations seen while timing:", r.recompilations)
 print(r.warnings[0])
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days", "needs": "tpu"}
 # ## 6. bf16 against fp32
 #
 # bf16 halves the bytes of every array, so a memory-bound op moves half the data, and
@@ -450,7 +450,7 @@ if ON_CPU:
     print("On a CPU bf16 has no fast matrix unit, so it is not faster here: this is "
           "a CPU timing, not a TPU one.")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
 # ## 7. Shapes that pad badly
 #
 # Two kinds of padding cost a TPU. **In HBM**, arrays are stored in tiles of 8 x 128
@@ -514,7 +514,7 @@ else:
 # measured time on the chip. Rule of thumb: keep the matmul dimensions multiples of
 # 128 on v5e and earlier, of 256 on v6e.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "two-days"}
 # ## 8. Profiling a step
 #
 # Timing says *how long*; a profile says *where the time went*: which kernels ran, for
@@ -549,7 +549,7 @@ for path in sorted(logdir.rglob("*.*")):
 # from the HLO above appears as a kernel with its duration, and gaps between kernels
 # are time the chip sat idle waiting for the host.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # ## 9. TPU generations beside GPUs, with the same arithmetic
 #
 # The roofline needs only two numbers per chip. Here they are for the TPUs and the
@@ -576,7 +576,7 @@ for name in ("v4", "v5e", "v5p", "v6e", "7x", "a100", "h100", "h200"):
 # layer with large weights) below which a matmul cannot keep the chip busy: a few
 # hundred on every modern chip, which is why small batches waste accelerators.
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways
 #
 # * `jit` builds a jaxpr, then StableHLO, then an optimised HLO per backend;

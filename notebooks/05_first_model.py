@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 7, "agenda": "one-day"}
 # # Chapter 5: A first real model: MNIST with Flax NNX and Optax
 #
 # The series this course follows reports training MNIST to **97.6 % test accuracy in under
@@ -90,7 +90,7 @@ from tpu_course import bench, data, models, train
 
 ON_CPU = rt.platform == "cpu"
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "one-day"}
 # ## 1. The data
 #
 # `tpu_course.data` loads MNIST: the full 60,000-image training set when it can be
@@ -113,7 +113,7 @@ for ax, img, label in zip(axes.flat, ds.train_images, ds.train_labels):
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 12, "agenda": "one-day"}
 # ## 2. The model: an `nnx.Module`
 #
 # In Flax NNX a model is a plain Python object, much like a PyTorch `nn.Module`:
@@ -192,7 +192,7 @@ for name, m in (("CNN", model), ("MLP", mlp)):
     print(f"{name}: {models.count_params(m):>9,} parameters, "
           f"{models.forward_flops_per_image(m) / 1e6:.2f} MFLOP per image (forward)")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 12, "agenda": "one-day"}
 # The CNN has fewer parameters than the two-layer MLP of `models.MLP` but does four and a half times
 # the arithmetic per image: a convolution reuses each weight at every one of the 28 x 28
 # positions. That reuse is what a matrix unit likes (chapter 4's arithmetic intensity).
@@ -342,7 +342,7 @@ diff = max(float(jnp.abs(a - b).max()) for a, b in
 print(f"loss {float(metrics['loss']):.4f} (pure) vs {float(loss):.4f} (NNX); "
       f"parameters agree to 1e-6: {diff < 1e-6}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "one-day"}
 # ## 4. The evaluation step
 #
 # Evaluation needs no gradient: the same loss, and the number of correct predictions.
@@ -384,7 +384,7 @@ eval_step = jax.jit(make_eval_step(graphdef))
 print("after one step:", evaluate(eval_step, state.params, ds.test_images, ds.test_labels)["count"],
       "test images counted")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
 # ## 5. An input pipeline that keeps the chip fed
 #
 # `train.batches` shuffles with a permutation seeded by (seed, epoch) and slices
@@ -444,7 +444,7 @@ for x in prefetch_to_device(source(), depth=2):
     log.append(f"step on {int(x[0])}")
 print(", ".join(log))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
 # ## 6. The epoch loop
 #
 # Now the whole run: Adam with a short linear warm-up and a cosine decay of the learning
@@ -495,7 +495,7 @@ print(f"compile {compile_s:.2f} s (measured apart); "
 print(f"trained {epochs} epochs on {ds.train_set}, {int(state.step)} steps")
 print("test accuracy >= 97.6 % at the end:", record[-1][2] >= 0.976)
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # ## 7. Save and restore the training state (Orbax)
 #
 # A long run saves its state now and then, so that a preempted job (spot TPUs are
@@ -520,7 +520,7 @@ before = evaluate(eval_step, state.params, ds.test_images, ds.test_labels)
 after = evaluate(eval_step, restored.params, ds.test_images, ds.test_labels)
 print(f"restored step {int(restored.step)}; same test accuracy: {after == before}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # Resuming is then `state = restored` and the loop continues with epoch 4. (For many
 # checkpoints, keeping the last few and saving every N steps,
 # `ocp.CheckpointManager` wraps the same calls.)
@@ -556,7 +556,7 @@ for k, t in enumerate(wrong):
     ax.axis("off")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 10, "agenda": "two-days", "needs": "tpu"}
 # ## 9. Make it fast, and read the numbers honestly
 #
 # The measurements below ran on the runtime in the banner: on a CPU they are CPU
@@ -670,7 +670,7 @@ print(f"H200 (committed), batch {fp32['batch']}: fp32 {fp32['images_per_s']:,.0f
       f"({bf16['images_per_s'] / fp32['images_per_s']:.2f}x); same test accuracy: "
       f"{abs(bf16['test_accuracy'] - fp32['test_accuracy']) < 0.002}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 5, "agenda": "self-paced"}
 # A CPU has no bf16 matrix unit: it converts bf16 to float32 and back around every
 # operation, so bf16 is slower there. On the H200 bf16 reaches the same accuracy, but at
 # batch 64 this model is too small to be limited by matrix arithmetic, so bf16 buys no

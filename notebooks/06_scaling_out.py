@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 8, "agenda": "half-day"}
 # # Chapter 6: Scaling out: meshes, collectives, the cost model, many hosts
 #
 # One program, many chips. This chapter lays arrays out over a *mesh* of devices, lets
@@ -101,7 +101,7 @@ print(f"jax {jax.__version__}; sim tier: {len(jax.devices('cpu'))} CPU devices")
 print(f"real tier: {'%d %s chips' % (real_chips, rt.device_kind) if real_chips > 1 else 'not available (fewer than 2 chips)'}")
 print(f"aot tier: {'the TPU compiler is available' if HAVE_TPU_COMPILER else 'unavailable: ' + str(hlo.tpu_compiler_problem())}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "half-day"}
 # ## 1. Meshes, `NamedSharding`, `PartitionSpec`
 #
 # A **mesh** names the axes of a grid of devices: `jax.make_mesh((2, 4), ("x", "y"))`.
@@ -138,7 +138,7 @@ emesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,), devices=
 xe = jax.device_put(jnp.ones((16, 4)), NamedSharding(emesh, P("data")))
 print("[sim] input:", jax.typeof(xe), "  x @ w:", jax.typeof(jax.jit(jnp.matmul)(xe, jnp.ones((4, 4)))))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 17, "agenda": "half-day"}
 # ## 2. Sharding by annotations: the collectives XLA inserts
 #
 # The model of this section is a transformer's feed-forward block, `relu(x @ w1) @ w2`
@@ -362,7 +362,7 @@ for name in ("v5e", "v6e", "v5p"):
     print(f"{name}: with F = 32768, TP stays compute-bound up to about "
           f"{comms.tp_max_shards(name, 32768):.0f}-way on one axis")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 17, "agenda": "two-days"}
 # ## 3. The same block by hand: `jax.shard_map`
 #
 # Inside `jax.shard_map` each device runs the function on its own block of every array
@@ -547,7 +547,7 @@ else:
     print(f"[real] skipped: this runtime has {max(real_chips, 1)} accelerator chip(s) or none; "
           "the sim and aot tiers stand in for it")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "one-day"}
 # ## 4. Topology: torus vs switch
 #
 # A TPU slice is a 2D (v5e, v6e) or 3D (v4, v5p) torus: each chip has links to its
@@ -568,7 +568,7 @@ for name, axes, wrap, what in cases:
     t = comms.all_gather_time(1e9, axes, chip, wraparound=wrap)
     print(f"{what:<42} latency hops {hops:>3}, time {t * 1e3:6.2f} ms")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 7, "agenda": "two-days"}
 # ## 5. Across slices: the data-centre network
 #
 # Slices talk over DCN (host NICs and the data-centre network), not ICI. How much slower,
@@ -659,7 +659,7 @@ for s, row in enumerate(tl):
 print(f"idle fraction {np.mean(tl < 0):.3f} vs (p-1)/(m+p-1) = {comms.pipeline_bubble(4, 6):.3f}; "
       f"outputs equal the sequential model: {np.allclose(outs, seq, atol=1e-4)}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # ## 6. Many hosts: `jax.distributed`
 #
 # On a pod slice every host runs the *same* script. `jax.distributed.initialize()` joins
@@ -683,7 +683,7 @@ for r in results:
 print(f"[sim, 1 device]   losses {np.round(single['losses'], 5).tolist()}")
 print("equal within 1e-5:", all(np.allclose(r["losses"], single["losses"], rtol=1e-5) for r in results))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
 # On a TPU pod slice, the same worker started on every host at once (no coordinator
 # address needed there: `initialize()` reads the slice's metadata):
 #
@@ -712,7 +712,7 @@ for s, losses in curves.items():
     ok = np.allclose(losses, curves["single"], rtol=2e-5)
     print(f"[sim] {s:<6} losses {np.round(losses, 4).tolist()}  matches single device: {ok}")
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
 # ## 8. A cost audit
 #
 # Chips x hours x price. Prices come from `comms.PRICES_USD_PER_CHIP_HOUR`, dated and
@@ -744,7 +744,7 @@ print("A larger job (1B params, 20B tokens, 40% MFU):")
 for name in ("v5e", "v6e", "v5p"):
     print("   ", comms.training_cost(name, 256, params=1e9, tokens=20e9, mfu_=0.4))
 
-# %% [markdown]
+# %% [markdown] workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways
 #
 # * Sharding is written as annotations: a mesh (`jax.make_mesh`, with its axis types

@@ -83,7 +83,7 @@ from tpu_course.checks import NotWritten
 
 checks.ch01.LAB
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 1: tile a large matmul onto a fixed array (25 min)
 #
 # The array holds at most `rows x cols` weights. Write `tiled_matmul(a, b, rows, cols,
@@ -109,7 +109,7 @@ def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
 # %%
 checks.ch01.check_tiled_matmul(tiled_matmul)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 2: predict a GEMM on two arrays, then simulate (15 min)
 #
 # A layer multiplies A[200 x 384] by B[384 x 640] (`checks.ch01.GEMM`). TPU v5e has
@@ -153,7 +153,7 @@ for side in (128, 256):
 # %%
 checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 3: the smallest batch that fills the array (15 min)
 #
 # A layer's weights B[K x N] sit in the array; the batch M streams through. The chapter
@@ -199,7 +199,7 @@ checks.ch01.check_smallest_batch(smallest_batch)
 # M must be about 9 times that. And K = 100 on 128 rows leaves 28 rows idle in every
 # fold, whatever the batch.
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 4: choose the dataflow (15 min)
 #
 # The chapter ran the three dataflows on one small problem. Write `best_dataflow(M, K, N,
@@ -234,7 +234,7 @@ with checks.skip_if_not_written():
         mark = "  <- your choice" if df == choice else ""
         print(f"{df}: {r.cycles:,} cycles, utilisation {r.utilization:.3f}{mark}")
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 5: where does a bf16 sum stall? (10 min)
 #
 # The chapter's sum of ones in a bf16 accumulator stopped at 256. Now add 0.1 again and

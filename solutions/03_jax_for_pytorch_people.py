@@ -87,7 +87,7 @@ from tpu_course.checks import NotWritten
 
 checks.ch03.LAB
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 1: make it `jit` (10 min)
 #
 # A PyTorch training loop clips the gradient when its norm is too large:
@@ -119,7 +119,7 @@ def clipped_update(w, g, max_norm):
 # %%
 checks.ch03.check_jit_fix(clipped_update)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 2: predict the compilations (10 min)
 #
 # `f = jax.jit(lambda x, scale: x * scale)` is called seven times, in this order:
@@ -154,7 +154,7 @@ compiles_per_call = checks.ch03.run_compile_quiz(show=True)
 # %%
 checks.ch03.check_compile_prediction(predicted_compiles)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 3: find the recompilation (15 min)
 #
 # A training loop decays its learning rate by half every 100 steps. Someone wrote the
@@ -189,7 +189,7 @@ def update_fixed(w, g, lr, step):
 # %%
 checks.ch03.check_recompile_fix(update_fixed)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 4: per-example gradient norms (15 min)
 #
 # Differentially private training (DP-SGD) clips each example's gradient before
@@ -217,7 +217,7 @@ checks.ch03.check_per_example_norms(per_example_grad_norms)
 # With the norms, per-example clipping is one more line: scale each example's gradient
 # by `min(1, C / norm)` before the mean.
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 5: port a PyTorch training step and prove parity (30 min)
 #
 # The PyTorch original (its outputs are stored in `tpu_course/reference/`; with torch

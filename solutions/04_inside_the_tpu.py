@@ -84,7 +84,7 @@ from tpu_course.checks import NotWritten, ch04
 
 ch04.LAB
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 1: the FLOPs of a matmul (5 min)
 #
 # Write `matmul_flops(m, k, n)`: the floating-point operations of `[m, k] @ [k, n]`. The
@@ -100,7 +100,7 @@ def matmul_flops(m, k, n):
 # %%
 ch04.check_matmul_flops(matmul_flops)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 2: the bytes it must move (5 min)
 #
 # Write `matmul_bytes(m, k, n, itemsize)`: the bytes read from and written to HBM if
@@ -117,7 +117,7 @@ def matmul_bytes(m, k, n, itemsize):
 # %%
 ch04.check_matmul_bytes(matmul_bytes)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 3: intensity, and which roof binds (10 min)
 #
 # Write `intensity(m, k, n, itemsize)` (FLOP per byte, from your two functions) and
@@ -142,7 +142,7 @@ def which_roof(ai, chip):
 # %%
 ch04.check_roofs(intensity, which_roof)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 4: the fastest it can possibly run (10 min)
 #
 # Write `fastest_time_s(flops, nbytes, chip)`: the roofline's lower bound on the time
@@ -158,7 +158,7 @@ def fastest_time_s(flops, nbytes, chip):
 # %%
 ch04.check_roofline_time(fastest_time_s)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 5: a layer by hand, against XLA (10 min)
 #
 # Predict the FLOPs of `relu(x @ w + b)` (`ch04.layer`) for `x: [B, D]`, `w: [D, H]`,
@@ -176,7 +176,7 @@ def layer_flops(B, D, H):
 # %%
 ch04.check_xla_flops(layer_flops)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 6: how big is an array on a TPU? (10 min)
 #
 # HBM stores a 2-D array in tiles of 8 rows x 128 columns (`T(8,128)` in the HLO): the
@@ -195,7 +195,7 @@ def tpu_bytes(rows, cols, itemsize):
 # %%
 ch04.check_padded_bytes(tpu_bytes)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 7: layer norm on a v5e, predicted, then compiled (20 min)
 #
 # Chapter 4 analysed matmuls. Layer norm (`ch04.layer_norm`, shown below) normalises each

@@ -109,7 +109,7 @@ print(f"{fashion.train_set}; using {len(train_x):,} for training, "
       f"{len(fashion.test_images):,} test images")
 print("classes:", ", ".join(fashion.classes))
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 1: a model for Fashion-MNIST
 #
 # Write `FashionModel`, an `nnx.Module` that takes images `(N, 28, 28, 1)` (floats in
@@ -145,7 +145,7 @@ class FashionModel(nnx.Module):
 # %%
 ch05.check_model(FashionModel)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 2: predict its size and its cost
 #
 # Before anything counts them, predict for **your** model:
@@ -190,7 +190,7 @@ with checks.skip_if_not_written():
 # %%
 ch05.check_prediction(FashionModel, predicted_params, predicted_step_flops)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 3: the train step
 #
 # Write the step in the NNX style of chapter 5: `train_step(model, optimizer, batch)`,
@@ -225,7 +225,7 @@ def train_step(model, optimizer, batch):
 # %%
 ch05.check_train_step(train_step)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 4: a faster input pipeline
 #
 # Clothes look the same mirrored, so a cheap way to show the model more variety is a
@@ -279,7 +279,7 @@ def fast_batches(images, labels, batch_size, seed=0, epoch=0):
 # %% tags=["nbval-ignore-output"]
 ch05.check_fast_batches(fast_batches)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 5: reach 85 % in 3 epochs
 #
 # Train a fresh `FashionModel` with your `train_step`, fed by your `fast_batches`

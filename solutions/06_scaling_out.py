@@ -71,7 +71,6 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-
 # %%
 from tpu_course import runtime
 
@@ -107,7 +106,7 @@ step = train.make_train_step(graphdef, tx)
 for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]:
     print(f"{jax.tree_util.keystr(path):<28} {str(x.shape):<12} {x.dtype}")
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 1: predict FSDP's collectives (before compiling)
 #
 # Under FSDP each parameter that splits over the 8 devices lives as a 1/8 shard (split
@@ -135,7 +134,7 @@ predicted_fsdp = {  # fp32: 4 bytes per element
 # %%
 ch06.record_prediction(predicted_fsdp)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 2: FSDP of the chapter-5 model, by annotations alone
 #
 # Write `shard_fsdp(step, state, mesh)` returning `(jitted_step, state_sharding,
@@ -197,7 +196,7 @@ with checks.skip_if_not_written():
 # %%
 ch06.check_fsdp_prediction(predicted_fsdp, shard_fsdp)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 3: the same step for a v5e-8 (compile-only)
 #
 # The TPU compiler runs here without a TPU (where `libtpu` matches your jax). Compile
@@ -214,7 +213,7 @@ predicted_v5e_kind = "reduce-scatter"
 # %%
 ch06.check_v5e_kind(predicted_v5e_kind, shard_fsdp)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # **The lesson.** The same annotations give different programs on different backends.
 # The CPU backend all-reduces every gradient and each device then keeps its slice; the
 # TPU compiler fuses that into a reduce-scatter ("all-reduce-scatter"): the same operand
@@ -254,7 +253,7 @@ def bidirectional_all_reduce(x, axis: str, n: int):
 # %%
 ch06.check_bidirectional(bidirectional_all_reduce)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 5 (transfer): a hierarchical all-reduce across slices
 #
 # Two slices of 4 chips: a `("slice", "chip")` mesh of shape 2x4, where `"chip"` is ICI
@@ -277,7 +276,7 @@ def hierarchical_all_reduce(x):
 # %%
 ch06.check_hierarchical(hierarchical_all_reduce)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 6: choose a strategy
 #
 # For `params` parameters on `chip` (`'v5e'`, `'v5p'`, `'v6e'`) trained with Adam, with

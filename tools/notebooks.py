@@ -408,6 +408,9 @@ def check() -> list[str]:
             problems.append(f"README.md has no Colab link {url}; run `make sync`")
     if readme and chapter_table() not in readme:
         problems.append("README.md's chapter table is stale; run `make sync`")
+    from tools import workshop
+
+    problems += workshop.problems(ROOT)
     return problems
 
 
@@ -486,9 +489,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(problems) or "labs/ written from solutions/")
         return 1 if problems else 0
     elif args.cmd == "sync":
+        from tools import workshop
+
         sync_setup_cells()
         write_labs()
         sync_readme()
+        workshop.sync(ROOT)
     elif args.cmd == "run-labs":
         problems = []
         for lab in args.paths or sorted((ROOT / "labs").glob("*.ipynb")):
