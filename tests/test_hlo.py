@@ -121,6 +121,39 @@ ENTRY %main (g: f32[1024,512]) -> f32[128,512] {
     assert c.fused_in == "all-reduce-scatter" and c.group_size == 8
 
 
+def test_combined_all_reduce_scatter_names_each_sliced_operand_a_reduce_scatter():
+    # two gradients reduced by one combined all-reduce, each result sliced to the shard
+    text = """
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%all-reduce-scatter.1 (g1: f32[64,32], g2: f32[32,64]) -> (f32[8,32], f32[4,64]) {
+  %g1 = f32[64,32]{1,0} parameter(0)
+  %g2 = f32[32,64]{1,0} parameter(1)
+  %ar = (f32[64,32]{1,0}, f32[32,64]{1,0}) all-reduce(%g1, %g2), channel_id=3, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %gte.0 = f32[64,32]{1,0} get-tuple-element(%ar), index=0
+  %gte.1 = f32[32,64]{1,0} get-tuple-element(%ar), index=1
+  %z = s32[] constant(0)
+  %ds.0 = f32[8,32]{1,0} dynamic-slice(%gte.0, %z, %z), dynamic_slice_sizes={8,32}
+  %ds.1 = f32[4,64]{1,0} dynamic-slice(%gte.1, %z, %z), dynamic_slice_sizes={4,64}
+  ROOT %t = (f32[8,32]{1,0}, f32[4,64]{1,0}) tuple(%ds.0, %ds.1)
+}
+
+ENTRY %main (p1: f32[64,32], p2: f32[32,64]) -> (f32[8,32], f32[4,64]) {
+  %p1 = f32[64,32]{1,0} parameter(0)
+  %p2 = f32[32,64]{1,0} parameter(1)
+  %ar.top = f32[64,32]{1,0} all-reduce(%p1), channel_id=4, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  ROOT %fusion = (f32[8,32]{1,0}, f32[4,64]{1,0}) fusion(%p1, %p2), kind=kCustom, calls=%all-reduce-scatter.1
+}
+"""
+    got = [(c.kind, c.shape, c.result_shape) for c in hlo.parse_collectives(text)]
+    assert got == [("reduce-scatter", (64, 32), (8, 32)), ("reduce-scatter", (32, 64), (4, 64)),
+                   ("all-reduce", (64, 32), (64, 32))]  # the unfused one stays what it is
+
+
 def test_module_parser_separates_fusions_and_reducers():
     text = """
 %fused (p: f32[8]) -> f32[8] {

@@ -70,3 +70,16 @@ def test_every_compile_only_generation_is_a_tpu_row():
                                             if c.kind == "tpu"}
     assert aot.valid_topologies() == [f"{c.name}:{s}" for c in hardware.CHIPS.values()
                                       for s in c.compile_only_topologies]
+
+
+def test_the_pure_layer_imports_no_jax():
+    """CONTRIBUTING's pure layer: importing it never imports JAX."""
+    import subprocess
+    import sys
+
+    pure = ("hardware", "systolic", "roofline", "comms", "plans", "costs", "hlo_text")
+    code = ("import sys\n" + "".join(f"import tpu_course.{m}\n" for m in pure)
+            + "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    assert out == "[]"

@@ -20,7 +20,14 @@ Conventions (stated once, used everywhere):
   the scaling book) and the others in ``alt_values``.
 
 Source tags (``S1`` ...) refer to the course's fact sheet (``shared/hardware_facts.md``)
-and are spelled out in :data:`SOURCES`.
+and are spelled out in :data:`SOURCES`. Every figure a row states names its source in the
+row's ``sources`` (``tests/test_hardware.py`` checks each one).
+
+**Adding a generation** is one :class:`Chip` row in :data:`CHIPS`: its figures with their
+sources, its typed :class:`Wraparound`, the ``device_kinds`` JAX reports, and, where they
+apply, its verified compile-only topologies (``tpu_course.aot`` reads them; the aot tests
+compile each one and map its devices back to the row) and its price (``tpu_course.costs``
+reads it). Nothing else lists generations; the tests say what a new row still lacks.
 
 >>> get("v5e").peak_bf16_flops_per_s
 197000000000000.0

@@ -8,7 +8,7 @@ What is here:
   partitioner decide the collectives (the classic "GSPMD" mode the chapter inspects);
   ``explicit=True`` gives ``AxisType.Explicit`` axes (JAX 0.8+'s ``jax.make_mesh``
   default), where shardings are part of each array's type.
-* :func:`param_specs` / :func:`shard_train_state` / :func:`make_sharded_train_step`:
+* :func:`param_specs` / :func:`state_shardings` / :func:`make_sharded_train_step`:
   the ``PartitionSpec`` of every parameter (and optimizer moment) under ``"dp"``
   (replicated), ``"fsdp"`` (first divisible axis sharded) or ``"tp"`` (Megatron:
   alternate layers split by columns then rows), and the chapter-5 train step jitted
