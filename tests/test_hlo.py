@@ -55,6 +55,15 @@ def test_mesh_form_agrees_with_numpy_for_any_mesh(sizes, data):
                 assert len({c[axis] for c in coords}) == 1
 
 
+#: The reducer every collective below applies.
+ADD_HLO = """
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+"""
+
 TUPLE_HLO = """
 HloModule m
 
@@ -95,13 +104,7 @@ def test_collectives_from_text_with_tuples_async_and_hand_sizes():
 
 def test_tpu_all_reduce_scatter_fusion_is_reported_as_a_reduce_scatter():
     # how the TPU compiler spells a reduce-scatter: an all-reduce sliced in one fusion
-    text = """
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
+    text = ADD_HLO + """
 %all-reduce-scatter (input: f32[1024,512]) -> f32[128,512] {
   %input = f32[1024,512]{1,0:T(8,128)} parameter(0)
   %all-reduce = f32[1024,512]{1,0:T(8,128)} all-reduce(%input), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
@@ -123,13 +126,7 @@ ENTRY %main (g: f32[1024,512]) -> f32[128,512] {
 
 def test_combined_all_reduce_scatter_names_each_sliced_operand_a_reduce_scatter():
     # two gradients reduced by one combined all-reduce, each result sliced to the shard
-    text = """
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
+    text = ADD_HLO + """
 %all-reduce-scatter.1 (g1: f32[64,32], g2: f32[32,64]) -> (f32[8,32], f32[4,64]) {
   %g1 = f32[64,32]{1,0} parameter(0)
   %g2 = f32[32,64]{1,0} parameter(1)
