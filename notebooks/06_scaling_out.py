@@ -227,7 +227,7 @@ def compare(step_fn, strategy, mesh, target=None, **kw):
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     report = hlo.inspect(step_fn(strategy, mesh, **kw), *args, target=target)
     plan = comms.collective_bytes(strategy, SHAPES, devices=mesh.devices.size, batch=B, d_out=D)
-    return report, parallel.observed_collectives(report), plan
+    return report, report.by_kind(), plan
 
 
 dp_report, dp_compiled, dp_plan = compare(sharded_block_step, "dp", mesh)
@@ -289,7 +289,7 @@ print("[sim] compiled:", fsdp_compiled)
 # are the same (the whole gradient goes in either way), but an all-reduce delivers the
 # whole sum to every device, twice the ring traffic of a reduce-scatter. The TPU
 # compiler does what the model says: it fuses the all-reduce with the slice into one
-# "all-reduce-scatter" (`observed_collectives` counts it as the reduce-scatter it is).
+# "all-reduce-scatter" (the report counts it as the reduce-scatter it is).
 # Compile-only, for a v5e-8 (`v5e:2x4`), where `libtpu` matching this jax is installed:
 
 # %% tags=["nbval-ignore-output"]

@@ -190,7 +190,7 @@ with checks.skip_if_not_written():
     fsdp_report = hlo.inspect(jitted, abstract, batch)
     for c in fsdp_report.collectives:
         print(f"[sim] {c}")
-    print("[sim] per kind:", parallel.observed_collectives(fsdp_report))
+    print("[sim] per kind:", fsdp_report.by_kind())
     print(f"[sim] argument bytes per device: {fsdp_report.argument_bytes:,}")
 
 # %%

@@ -22,17 +22,68 @@ def test_v5e_critical_intensity_is_about_240():
     assert hardware.critical_intensity(hardware.get("v5e")) == pytest.approx(240, abs=3)
 
 
-def test_every_row_is_complete_and_sourced():
-    expected = {"v2", "v3", "v4", "v5e", "v5p", "v6e", "7x", "t4", "a100", "h100", "h200"}
-    assert set(hardware.names()) == expected
+#: Fields that describe a row rather than state a figure about the chip.
+NOT_FIGURES = {"name", "display_name", "kind", "device_kinds", "sources", "alt_values"}
+
+
+def _figures(chip):
+    """The row's stated figures: every other field that holds a value."""
+    return {f.name: getattr(chip, f.name) for f in dataclasses.fields(chip)
+            if f.name not in NOT_FIGURES and getattr(chip, f.name) not in (None, ())}
+
+
+def test_every_figure_of_every_row_is_sourced():
+    """A new row (or a new field) fails here until each figure it states names its source:
+    a tag of SOURCES, or 'definition' / 'verified' with what makes it so."""
     for chip in hardware.CHIPS.values():
-        assert chip.sources.get("peak_bf16_flops_per_s"), chip.name
-        assert chip.sources.get("hbm_bytes_per_s") or chip.sources.get("hbm_bytes"), chip.name
+        for field in _figures(chip):
+            source = chip.sources.get(field, "")
+            tags = re.findall(r"\b(S\d+|NV|P\d+)\b", source)
+            assert tags or source.startswith(("definition", "verified")), (
+                f"{chip.name}.{field} = {getattr(chip, field)!r} has no source in its row")
+            for tag in tags:
+                assert tag in hardware.SOURCES, f"{chip.name}: unknown source tag {tag}"
+        assert set(chip.sources) <= {f.name for f in dataclasses.fields(chip)}, chip.name
         peak = chip.peak_bf16_flops_per_s or chip.peak_fp16_flops_per_s
         assert peak > 1e13 and chip.hbm_bytes > 1e9
         assert chip.hbm_unit in ("GB", "GiB") and chip.devices_per_chip in (1, 2)
-        for tag in re.findall(r"\b(S\d+|NV)\b", " ".join(chip.sources.values())):
-            assert tag in hardware.SOURCES, f"{chip.name}: unknown source tag {tag}"
+
+
+def test_every_tpu_row_states_its_wraparound_and_device_kinds():
+    """What a new generation must state for the cost models and the runtime to use it."""
+    for chip in hardware.CHIPS.values():
+        assert isinstance(chip.wraparound, hardware.Wraparound), chip.name
+        assert chip.device_kinds and all(hardware.lookup(k) is chip for k in chip.device_kinds)
+        if chip.kind == "tpu":
+            assert chip.mxu_count and chip.mxu_size and chip.tensorcores_per_chip, chip.name
+            assert chip.wraparound.rule in ("always", "exact", "multiple"), chip.name
+
+
+def test_wraparound_is_typed_and_refuses_unknown_rules():
+    assert [hardware.get("v5e").wraps(n) for n in (2, 8, 16)] == [True, False, True]
+    assert [hardware.get("v5p").wraps(n) for n in (4, 6, 8)] == [True, False, True]
+    assert hardware.get("h100").wraps(8) and not hardware.get("t4").wraps(4)
+    with pytest.raises(ValueError, match="rule"):
+        hardware.Wraparound("full 4x4x4 cubes")  # prose is not a rule
+    with pytest.raises(ValueError, match="need"):
+        hardware.Wraparound("exact")
+
+
+def test_chip_answers_its_own_peak_questions():
+    v3, t4 = hardware.get("v3"), hardware.get("t4")
+    assert v3.peak_flops() == 123e12 and v3.peak_flops_per_device() == 123e12 / 2
+    assert hardware.peak_flops_per_s("v3") == v3.peak_flops()
+    assert t4.peak_flops("fp16") == 65e12
+    with pytest.raises(ValueError, match="no published bf16"):
+        t4.peak_flops()
+    assert hardware.critical_intensity("v5e") == hardware.get("v5e").critical_intensity()
+
+
+def test_prices_live_in_the_rows():
+    assert hardware.prices() == {"v5e": 1.20, "v5p": 4.20, "v6e": 2.70}
+    for name in hardware.prices():
+        assert hardware.get(name).sources["usd_per_chip_hour"] == "P1"
+    assert "UNVERIFIED" in hardware.SOURCES["P1"]
 
 
 def test_implied_mxu_clock_is_plausible_for_v2_to_v5p():

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpu_course import hlo
+from tpu_course import aot, hardware, hlo
 
 # --------------------------------------------------------------------------------------
 # Pure parsing
@@ -55,6 +55,15 @@ def test_mesh_form_agrees_with_numpy_for_any_mesh(sizes, data):
                 assert len({c[axis] for c in coords}) == 1
 
 
+#: The reducer every collective below applies.
+ADD_HLO = """
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+"""
+
 TUPLE_HLO = """
 HloModule m
 
@@ -95,13 +104,7 @@ def test_collectives_from_text_with_tuples_async_and_hand_sizes():
 
 def test_tpu_all_reduce_scatter_fusion_is_reported_as_a_reduce_scatter():
     # how the TPU compiler spells a reduce-scatter: an all-reduce sliced in one fusion
-    text = """
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
+    text = ADD_HLO + """
 %all-reduce-scatter (input: f32[1024,512]) -> f32[128,512] {
   %input = f32[1024,512]{1,0:T(8,128)} parameter(0)
   %all-reduce = f32[1024,512]{1,0:T(8,128)} all-reduce(%input), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
@@ -119,6 +122,33 @@ ENTRY %main (g: f32[1024,512]) -> f32[128,512] {
     assert (c.kind, c.shape, c.result_shape, c.bytes) == (
         "reduce-scatter", (1024, 512), (128, 512), 1024 * 512 * 4)
     assert c.fused_in == "all-reduce-scatter" and c.group_size == 8
+
+
+def test_combined_all_reduce_scatter_names_each_sliced_operand_a_reduce_scatter():
+    # two gradients reduced by one combined all-reduce, each result sliced to the shard
+    text = ADD_HLO + """
+%all-reduce-scatter.1 (g1: f32[64,32], g2: f32[32,64]) -> (f32[8,32], f32[4,64]) {
+  %g1 = f32[64,32]{1,0} parameter(0)
+  %g2 = f32[32,64]{1,0} parameter(1)
+  %ar = (f32[64,32]{1,0}, f32[32,64]{1,0}) all-reduce(%g1, %g2), channel_id=3, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %gte.0 = f32[64,32]{1,0} get-tuple-element(%ar), index=0
+  %gte.1 = f32[32,64]{1,0} get-tuple-element(%ar), index=1
+  %z = s32[] constant(0)
+  %ds.0 = f32[8,32]{1,0} dynamic-slice(%gte.0, %z, %z), dynamic_slice_sizes={8,32}
+  %ds.1 = f32[4,64]{1,0} dynamic-slice(%gte.1, %z, %z), dynamic_slice_sizes={4,64}
+  ROOT %t = (f32[8,32]{1,0}, f32[4,64]{1,0}) tuple(%ds.0, %ds.1)
+}
+
+ENTRY %main (p1: f32[64,32], p2: f32[32,64]) -> (f32[8,32], f32[4,64]) {
+  %p1 = f32[64,32]{1,0} parameter(0)
+  %p2 = f32[32,64]{1,0} parameter(1)
+  %ar.top = f32[64,32]{1,0} all-reduce(%p1), channel_id=4, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  ROOT %fusion = (f32[8,32]{1,0}, f32[4,64]{1,0}) fusion(%p1, %p2), kind=kCustom, calls=%all-reduce-scatter.1
+}
+"""
+    got = [(c.kind, c.shape, c.result_shape) for c in hlo.parse_collectives(text)]
+    assert got == [("reduce-scatter", (64, 32), (8, 32)), ("reduce-scatter", (32, 64), (4, 64)),
+                   ("all-reduce", (64, 32), (64, 32))]  # the unfused one stays what it is
 
 
 def test_module_parser_separates_fusions_and_reducers():
@@ -247,7 +277,7 @@ def test_missing_tpu_extra_says_how_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "libtpu" else real(name, *a))
-    monkeypatch.setattr(hlo, "_TOPOLOGIES", {})
+    monkeypatch.setattr(aot, "_CACHE", {})
     assert not hlo.compile_only_available()
     with pytest.raises(hlo.TpuCompilerMissing, match=r"tpu-course\[aot\]"):
         hlo.inspect(jnp.sin, jnp.ones(3), target="v5e:2x2")
@@ -260,7 +290,7 @@ def test_missing_tpu_extra_says_how_to_install(monkeypatch):
 DP_CODE = """
 import json, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from tpu_course import hlo
+from tpu_course import aot, hardware, hlo
 mesh = Mesh(np.array(jax.devices()).reshape({shape}), {axes})
 S = lambda s, spec: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
 def loss(w, b, x):
@@ -306,10 +336,29 @@ def libtpu():
         pytest.skip(hlo.tpu_compiler_problem())
 
 
+V5E_8 = "v5e:2x4"
+
+
+def _v5e_mesh():
+    """The one way the course builds a compile-only mesh (as chapter 6 does)."""
+    return jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=hlo.tpu_topology(V5E_8).devices)
+
+
 @pytest.mark.aot
 def test_compile_only_available_with_the_extra(libtpu):
     assert hlo.compile_only_available("v6e:1x1")
     assert not hlo.compile_only_available("v6e:3x3")
+
+
+@pytest.mark.aot
+@pytest.mark.parametrize("name", hlo.valid_topologies())
+def test_every_verified_topology_builds_and_names_its_row(libtpu, name):
+    """A generation added to the hardware table with compile-only topologies must compile
+    here, and its devices must map back to its row."""
+    topo = hlo.tpu_topology(name)
+    assert topo.name == name and str(topo) == name
+    assert topo.devices and hardware.lookup(topo.devices[0].device_kind) is topo.chip
 
 
 @pytest.mark.aot
@@ -328,14 +377,14 @@ def test_matmul_flops_match_2mkn_for_a_tpu_target(libtpu):
 def test_data_parallel_gradient_all_reduce_on_v5e_2x4(libtpu):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    mesh = hlo.tpu_mesh("v5e:2x4", (8,), ("data",))
+    mesh = _v5e_mesh()
     S = lambda s, spec: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
 
     def loss(w, b, x):
         return jnp.mean((x @ w + b) ** 2)
 
     r = hlo.inspect(jax.grad(loss, argnums=(0, 1)), S((512, 256), P()), S((256,), P()),
-                    S((64, 512), P("data")))
+                    S((64, 512), P("data")), target=V5E_8)
     assert r.target == "v5e:2x4" and r.device_count == 8 and r.compile_only
     assert {c.kind for c in r.collectives} == {"all-reduce"}
     assert sorted(c.bytes for c in r.collectives) == [256 * 4, 512 * 256 * 4]
@@ -347,16 +396,17 @@ def test_data_parallel_gradient_all_reduce_on_v5e_2x4(libtpu):
 def test_sharded_weight_all_gather_or_all_reduce_on_v5e_2x4(libtpu):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    mesh = hlo.tpu_mesh("v5e:2x4", (8,), ("data",))
+    mesh = _v5e_mesh()
     S = lambda s, spec: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
     w, x = S((1024, 256), P("data")), S((16, 1024), P())
     # left to itself, the compiler contracts each device's 128 rows locally and sums the
     # bf16[16,256] partial products: 16 * 256 * 2 = 8192 bytes per device
-    (ar,) = hlo.inspect(lambda w, x: x @ w, w, x).collectives
+    (ar,) = hlo.inspect(lambda w, x: x @ w, w, x, target=V5E_8).collectives
     assert (ar.kind, ar.shape, ar.dtype, ar.bytes) == ("all-reduce", (16, 256), "bfloat16", 8192)
     # asked for the whole weight (FSDP style), it gathers the 128-row shards instead
     full = NamedSharding(mesh, P())
-    (ag,) = hlo.inspect(lambda w, x: x @ jax.lax.with_sharding_constraint(w, full), w, x).collectives
+    (ag,) = hlo.inspect(lambda w, x: x @ jax.lax.with_sharding_constraint(w, full), w, x,
+                        target=hlo.tpu_topology(V5E_8)).collectives
     assert (ag.kind, ag.shape, ag.result_shape) == ("all-gather", (128, 256), (1024, 256))
     assert ag.bytes == 128 * 256 * 2 and ag.group_size == 8
 
@@ -365,7 +415,7 @@ def test_sharded_weight_all_gather_or_all_reduce_on_v5e_2x4(libtpu):
 def test_fsdp_gradient_gathers_weights_and_reduce_scatters_grads_on_v5e_2x4(libtpu):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    mesh = hlo.tpu_mesh("v5e:2x4", (8,), ("data",))
+    mesh = _v5e_mesh()
     S = lambda s, spec: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
     full, shard = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
@@ -375,7 +425,10 @@ def test_fsdp_gradient_gathers_weights_and_reduce_scatters_grads_on_v5e_2x4(libt
     def step(w, x):  # FSDP: weights sharded at rest, gathered to use, grads scattered
         return jax.lax.with_sharding_constraint(jax.grad(loss)(w, x), shard)
 
-    r = hlo.inspect(step, S((1024, 512), P("data")), S((64, 1024), P("data")))
+    r = hlo.inspect(step, S((1024, 512), P("data")), S((64, 1024), P("data")), target=V5E_8)
+    assert r.by_kind() == {"all-gather": (1, 128 * 512 * {"float32": 4, "bfloat16": 2}[
+        r.collectives[[c.kind for c in r.collectives].index("all-gather")].dtype]),
+        "reduce-scatter": (1, 1024 * 512 * 4)}
     kinds = sorted(c.kind for c in r.collectives)
     assert kinds == ["all-gather", "reduce-scatter"]
     ag = next(c for c in r.collectives if c.kind == "all-gather")
@@ -393,8 +446,11 @@ def test_fsdp_gradient_gathers_weights_and_reduce_scatters_grads_on_v5e_2x4(libt
 def test_bad_topology_shape_is_rejected_with_the_list(libtpu):
     with pytest.raises(ValueError, match="Verified targets"):
         hlo.tpu_topology("v5e:3x3")
-    with pytest.raises(ValueError, match="product is 8"):
-        hlo.tpu_mesh("v5e:2x4", (3,), ("data",))
+    topo = hlo.tpu_topology("V5E:2x4 ")
+    assert (topo.name, topo.chip.name, len(topo.devices)) == ("v5e:2x4", "v5e", 8)
+    assert hlo.tpu_topology("v5e:2x4") is topo  # cached: the name travels with it
+    with pytest.raises(TypeError, match="'v5e:2x2'"):
+        hlo.inspect(jnp.sin, jnp.ones(3), target=8)
 
 
 def test_a_libtpu_jax_does_not_pin_is_refused_before_it_can_crash(monkeypatch):
@@ -410,7 +466,7 @@ def test_a_libtpu_jax_does_not_pin_is_refused_before_it_can_crash(monkeypatch):
         p) or real_version(p))
     monkeypatch.setattr(md, "requires", lambda p: ['libtpu==0.0.23; extra == "tpu"']
                         if p == "jax" else real_requires(p))
-    monkeypatch.setattr(hlo, "_TOPOLOGIES", {})
+    monkeypatch.setattr(aot, "_CACHE", {})
     problem = hlo.tpu_compiler_problem()
     assert "libtpu 0.0.21.1" in problem and "libtpu==0.0.23" in problem
     assert not hlo.tpu_compiler_available() and not hlo.compile_only_available()

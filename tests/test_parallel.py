@@ -42,7 +42,8 @@ def test_param_specs_tp_alternates_and_fsdp_divides():
 MESH_8 = """
 TARGET = {target!r}
 if TARGET:
-    mesh = parallel.make_mesh((8,), ("data",), hlo.tpu_topology(TARGET).devices)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=hlo.tpu_topology(TARGET).devices)
 else:
     mesh = parallel.cpu_mesh((8,), ("data",))
 B, D, F = 64, 256, 1024
@@ -55,7 +56,7 @@ from tpu_course import parallel, hlo, comms
 """ + MESH_8 + """for strategy in ("dp", "fsdp", "tp"):
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     rep = hlo.inspect(parallel.mlp_block_step(strategy, mesh), *args, target=TARGET)
-    got = parallel.observed_collectives(rep)
+    got = rep.by_kind()
     want = comms.collective_bytes(strategy, {{"w1": (D, F), "w2": (F, D)}}, devices=8,
                                   batch=B, d_out=D).by_kind()
     out[strategy] = [sorted(got.items()), sorted(want.items())]
@@ -85,7 +86,7 @@ from tpu_course import parallel, hlo, comms
 """ + MESH_8 + """for strategy in ("dp", "fsdp", "tp"):
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     rep = hlo.inspect(parallel.sharded_block_step(strategy, mesh), *args, target=TARGET)
-    out[strategy] = sorted(parallel.observed_collectives(rep).items())
+    out[strategy] = sorted(rep.by_kind().items())
 if not TARGET:  # the annotated steps compute what the single-device step computes
     params = parallel.mlp_block_params(D, F)
     rng = np.random.default_rng(1)

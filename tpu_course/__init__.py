@@ -23,9 +23,11 @@ _warnings_policy.install_if_requested()
 #: (``python -m tools.notebooks sync``).
 REPOSITORY = "tpu-course/tpu-course"
 
+#: Every submodule, loaded on first use (tests/test_registries.py checks it against the files).
 _SUBMODULES = (
-    "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "runtime",
-    "data", "hlo", "bench", "models", "train", "parallel", "parity", "viz", "checks",
+    "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "plans", "costs", "runtime",
+    "data", "aot", "hlo_text", "hlo", "bench", "transfer", "models", "train", "parallel",
+    "parity", "viz", "checks",
 )
 
 

@@ -42,7 +42,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from tpu_course import hardware
+from tpu_course import errors, hardware
 
 #: Spread (interquartile range / median of the per-run times) above which a result is
 #: flagged as too noisy to trust.
@@ -255,13 +255,12 @@ def device_peak(chip: hardware.Chip | None, peak: str = "bf16") -> tuple[float |
     """
     if chip is None:
         return None, "unknown"
-    if peak not in hardware.DTYPES:
-        raise ValueError(f"peak must be one of {hardware.DTYPES}, got {peak!r}")
+    errors.check_choice("peak", peak, hardware.DTYPES)
     dtype, name = peak, ("bf16 dense" if peak == "bf16" else peak)
     if peak == "bf16" and chip.peak_bf16_flops_per_s is None:
         dtype, name = "fp32", f"fp32: {chip.display_name} has no bf16, XLA computes it in fp32"
     try:
-        value = hardware.peak_flops_per_device(chip, dtype)
+        value = chip.peak_flops_per_device(dtype)
     except ValueError:
         return None, f"{peak}: none published"
     if chip.devices_per_chip > 1:

@@ -55,15 +55,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Sequence
 
 from tpu_course import errors, hardware
+# The plans of a step (bytes per strategy) and what a job costs live in their own modules;
+# their names stay reachable here, where the chapters and tests have always found them.
+from tpu_course.costs import (  # noqa: F401
+    PRICES_AS_OF, PRICES_SOURCE, PRICES_USD_PER_CHIP_HOUR, SPOT_FRACTION_ASSUMED, CostEstimate,
+    mfu, pricing_note, training_cost,
+)
+from tpu_course.plans import (  # noqa: F401
+    STRATEGIES, CollectivePlan, PlannedCollective, collective_bytes, layer_bytes,
+)
 
 #: Per-hop ICI latency in seconds, "~1 us" (scaling book, sharding chapter).
 HOP_LATENCY_S = 1e-6
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-STRATEGIES = ("dp", "fsdp", "tp")
 
 
 # ---------------------------------------------------------------------------------------
@@ -97,24 +105,16 @@ def w_ici(chip: hardware.Chip) -> float:
 def wraps(chip: hardware.Chip, axis_size: int) -> bool:
     """Whether an ICI axis of ``axis_size`` chips closes into a ring on ``chip``.
 
-    v5e/v6e wrap only on axes of 16 chips (a full pod side); v4/v5p on axes that are a
-    multiple of 4 (whole 4x4x4 cubes joined by optical switches) [S2-tpus]. An axis of
-    size 1 or 2 counts as wrapped (a 2-ring is its own wraparound).
+    The chip's typed rule (:class:`tpu_course.hardware.Wraparound`): v5e/v6e wrap only on
+    axes of 16 chips (a full pod side); v4/v5p on axes that are a multiple of 4 (whole
+    4x4x4 cubes joined by optical switches) [S2-tpus]. An axis of size 1 or 2 counts as
+    wrapped (a 2-ring is its own wraparound).
 
     >>> from tpu_course import hardware
     >>> wraps(hardware.get("v5e"), 8), wraps(hardware.get("v5e"), 16), wraps(hardware.get("v5p"), 8)
     (False, True, True)
     """
-    chip = hardware.as_chip(chip)
-    axis_size = errors.check_int("axis_size", axis_size, low=1)
-    if axis_size <= 2:
-        return True
-    rule = chip.wraparound.lower()
-    if "size 16" in rule:
-        return axis_size == 16
-    if "multiples of 4" in rule:
-        return axis_size % 4 == 0
-    return True  # "full torus", "full 4x4x4 cubes", switched: behaves as wrapped
+    return hardware.as_chip(chip).wraps(axis_size)
 
 
 def _axes(axes: int | Sequence[int]) -> tuple[int, ...]:
@@ -541,294 +541,3 @@ def recommend(chip: hardware.Chip | str, params: float, tokens_per_slice: float,
     return Recommendation(within, across, need, chip.hbm_bytes, tokens_per_slice, threshold,
                           tuple(reasons))
 
-
-# ---------------------------------------------------------------------------------------
-# bytes per step for DP, FSDP, TP
-
-
-@dataclasses.dataclass(frozen=True)
-class Collective:
-    """One kind of collective in a step: how many arrays, and their bytes per device.
-
-    ``bytes`` is the sum over those arrays of the **operand** each device contributes
-    (``tpu_course.hlo``'s convention): the ``1/N`` shard for an all-gather, the full
-    array for a reduce-scatter or all-reduce. ``v_bytes`` is the ``V`` of the time
-    formulas, the full array (for an all-gather, ``N x bytes``).
-    """
-
-    kind: str
-    arrays: int
-    bytes: int
-    v_bytes: int
-    why: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.kind:<15} x{self.arrays}  {self.bytes:>12,} B/device  ({self.why})"
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectivePlan:
-    """The collectives one training step needs under a strategy, per device."""
-
-    strategy: str
-    devices: int
-    collectives: tuple[Collective, ...]
-
-    def by_kind(self) -> dict[str, tuple[int, int]]:
-        """``{kind: (arrays, bytes)}`` summed per kind."""
-        out: dict[str, tuple[int, int]] = {}
-        for c in self.collectives:
-            a, b = out.get(c.kind, (0, 0))
-            out[c.kind] = (a + c.arrays, b + c.bytes)
-        return out
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(c.bytes for c in self.collectives)
-
-    def time_s(self, chip: hardware.Chip | str, axes: int | Sequence[int] | None = None,
-               **kwargs) -> float:
-        """Predicted seconds of communication per step on ``chip`` (no overlap assumed)."""
-        axes = self.devices if axes is None else axes
-        fns = {"all-gather": all_gather_time, "reduce-scatter": reduce_scatter_time,
-               "all-reduce": all_reduce_time, "all-to-all": all_to_all_time}
-        return sum(fns[c.kind](c.v_bytes, axes, chip, **kwargs) for c in self.collectives)
-
-    def __str__(self) -> str:
-        lines = [f"{self.strategy.upper()} on {self.devices} devices:"]
-        lines += ["  " + str(c) for c in self.collectives]
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{c.kind}</td><td>{c.arrays}</td><td>{c.bytes:,}</td><td>{c.why}</td></tr>"
-            for c in self.collectives)
-        return (f"<b>{self.strategy.upper()} on {self.devices} devices</b><table><tr><th>kind"
-                f"</th><th>arrays</th><th>bytes/device</th><th>why</th></tr>{rows}</table>")
-
-
-def _shapes(params: Any) -> list[tuple[int, ...]]:
-    """Parameter shapes from a mapping or a sequence of shapes, each checked."""
-    if isinstance(params, Mapping):
-        items = list(params.items())
-    elif isinstance(params, Iterable) and not isinstance(params, str):
-        items = list(enumerate(params))
-    else:
-        raise errors.CourseTypeError(f"params={params!r}: expected parameter shapes, a mapping "
-                                     "name -> shape or a list of shapes such as [(256, 1024)].")
-    if not items:
-        raise errors.CourseValueError("params is empty: give at least one parameter shape.")
-    shapes = []
-    for key, shape in items:
-        if not isinstance(shape, Sequence) or isinstance(shape, str) or not shape:
-            raise errors.CourseTypeError(f"params[{key!r}]={shape!r}: expected a shape, a "
-                                         "non-empty tuple of positive integers.")
-        shapes.append(tuple(errors.check_int(f"params[{key!r}][{i}]", d, low=1)
-                            for i, d in enumerate(shape)))
-    return shapes
-
-
-def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterable[Sequence[int]],
-                     *, devices: int, batch: int | None = None, d_out: int | None = None,
-                     bytes_per_elem: int = 4, loss_bytes: int = 4) -> CollectivePlan:
-    """Predict the collectives of one training step of a stack of matmuls, per device.
-
-    The step is ``tpu_course.parallel``'s: loss, gradients, SGD update, under
-
-    * ``"dp"``: parameters replicated, batch sharded. Gradients are all-reduced:
-      one all-reduce per parameter (XLA may fuse them into one tuple all-reduce: the
-      bytes are the same), plus the scalar loss (``pmean``).
-    * ``"fsdp"``: every parameter sharded along its first axis, batch sharded. Each
-      parameter is all-gathered once for the forward pass (the gathered copy is kept
-      for the backward pass) and its gradient reduce-scattered back to a shard; plus
-      the scalar loss.
-    * ``"tp"``: Megatron: the first matrix split by columns, the second by rows, batch
-      replicated. The partial outputs ``[batch, d_out]`` are all-reduced once in the
-      forward pass; the backward pass needs none (the input's gradient is not needed).
-
-    Args:
-        params: parameter shapes (a mapping name -> shape, or a list of shapes).
-        devices: devices on the mesh axis.
-        batch, d_out: batch rows and output width (TP only).
-        bytes_per_elem: 4 for fp32, 2 for bf16.
-        loss_bytes: bytes of the reduced loss (fp32 scalar: 4); 0 to leave it out.
-
-    >>> shapes = {"w1": (256, 1024), "w2": (1024, 256)}
-    >>> print(collective_bytes("fsdp", shapes, devices=8))
-    FSDP on 8 devices:
-      all-gather      x2       262,144 B/device  (each parameter gathered for the forward pass)
-      reduce-scatter  x2     2,097,152 B/device  (each gradient summed and scattered back to its shard)
-      all-reduce      x1             4 B/device  (the mean loss)
-    >>> collective_bytes("dp", shapes, devices=8).by_kind()
-    {'all-reduce': (3, 2097156)}
-    >>> collective_bytes("tp", shapes, devices=8, batch=64, d_out=256).by_kind()
-    {'all-reduce': (1, 65536)}
-    """
-    errors.check_choice("strategy", strategy, STRATEGIES)
-    devices = errors.check_int("devices", devices, low=1)
-    bytes_per_elem = errors.check_int("bytes_per_elem", bytes_per_elem, low=1)
-    loss_bytes = errors.check_int("loss_bytes", loss_bytes, low=0)
-    shapes = _shapes(params)
-    sizes = [math.prod(s) * bytes_per_elem for s in shapes]
-    total = sum(sizes)
-    loss = [Collective("all-reduce", 1, loss_bytes, loss_bytes, "the mean loss")] if loss_bytes else []
-    if strategy == "dp":
-        cs = [Collective("all-reduce", len(sizes), total, total, "the gradients, summed over the batch shards")]
-        if loss_bytes:  # XLA fuses the loss into the same all-reduce: count it with them
-            cs = [Collective("all-reduce", len(sizes) + 1, total + loss_bytes, total + loss_bytes,
-                             "the gradients and the mean loss")]
-        return CollectivePlan("dp", devices, tuple(cs))
-    if strategy == "fsdp":
-        for s in shapes:
-            if s[0] % devices:
-                raise errors.CourseValueError(f"FSDP shards each parameter's first axis over {devices} devices; "
-                                              f"shape {tuple(s)} does not divide. Pick sizes that divide.")
-        cs = [Collective("all-gather", len(sizes), total // devices, total,
-                         "each parameter gathered for the forward pass"),
-              Collective("reduce-scatter", len(sizes), total, total,
-                         "each gradient summed and scattered back to its shard")]
-        return CollectivePlan("fsdp", devices, tuple(cs + loss))
-    if strategy == "tp":
-        if batch is None or d_out is None:
-            raise errors.CourseValueError("tensor parallelism moves activations: pass batch= and d_out=")
-        batch = errors.check_int("batch", batch, low=1)
-        d_out = errors.check_int("d_out", d_out, low=1)
-        act = batch * d_out * bytes_per_elem
-        return CollectivePlan("tp", devices, (Collective(
-            "all-reduce", 1, act, act, "the row-parallel layer's partial outputs [batch, d_out]"),))
-    raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-
-
-def layer_bytes(strategy: str, d_model: int, d_ff: int, batch: int = 0,
-                bytes_per_elem: int = 2) -> float:
-    """Bytes one chip moves per transformer MLP layer per step, as the scaling book counts.
-
-    DP: ``8DF`` (all-reduce of two ``DxF`` bf16 gradients, each counted twice: ``2x2x2DF``);
-    FSDP: ``4DF + 8DF`` (forward all-gathers, then backward gather + reduce-scatter);
-    TP: ``4BD + 4BD`` (activations gathered and scattered, forward and backward).
-
-    >>> layer_bytes("dp", 1, 1), layer_bytes("fsdp", 1, 1), layer_bytes("tp", 1, 1, batch=1)
-    (8.0, 12.0, 8.0)
-    """
-    errors.check_choice("strategy", strategy, STRATEGIES)
-    d_model = errors.check_int("d_model", d_model, low=1)
-    d_ff = errors.check_int("d_ff", d_ff, low=1)
-    batch = errors.check_int("batch", batch, low=1 if strategy == "tp" else 0)
-    bytes_per_elem = errors.check_int("bytes_per_elem", bytes_per_elem, low=1)
-    b = bytes_per_elem / 2  # the book's formulas assume bf16 (2 bytes)
-    if strategy == "dp":
-        return 8.0 * d_model * d_ff * b
-    if strategy == "fsdp":
-        return 12.0 * d_model * d_ff * b
-    if strategy == "tp":
-        return 8.0 * batch * d_model * b
-    raise errors.CourseValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-
-
-# ---------------------------------------------------------------------------------------
-# what it costs
-
-#: Spot price as a fraction of on-demand: an ASSUMPTION, not a published figure. Spot
-#: prices vary by region and over time; the course has no copy of them, so every spot
-#: price below is on-demand x this, and printed estimates say so.
-SPOT_FRACTION_ASSUMED = 0.4
-
-#: On-demand prices in USD per chip-hour (us-central regions), dated.
-#: UNVERIFIED: the course's search corpus holds no copy of https://cloud.google.com/tpu/pricing
-#: with per-chip prices (checked 2026-11-30); these are the list prices last published there
-#: as remembered by the author. Check the page before quoting them. The spot column is
-#: derived: on-demand x :data:`SPOT_FRACTION_ASSUMED`.
-_ON_DEMAND_USD = {"v5e": 1.20, "v5p": 4.20, "v6e": 2.70}
-PRICES_USD_PER_CHIP_HOUR: Mapping[str, Mapping[str, float]] = {
-    chip: {"on_demand": usd, "spot": round(usd * SPOT_FRACTION_ASSUMED, 2)}
-    for chip, usd in _ON_DEMAND_USD.items()
-}
-
-
-def pricing_note(pricing: str) -> str:
-    """What a price of kind ``pricing`` rests on, printed beside every estimate.
-
-    >>> pricing_note("spot")
-    'spot = assumed 0.4 x on-demand'
-    """
-    if pricing == "spot":
-        return f"spot = assumed {SPOT_FRACTION_ASSUMED:g} x on-demand"
-    return pricing
-PRICES_AS_OF = "2026-11-30"
-PRICES_SOURCE = "https://cloud.google.com/tpu/pricing (UNVERIFIED: not found in the stored copies)"
-
-
-@dataclasses.dataclass(frozen=True)
-class CostEstimate:
-    """Chips x hours x price, and the model FLOP utilisation behind it."""
-
-    chip: str
-    chips: int
-    hours: float
-    usd_per_chip_hour: float
-    pricing: str
-    mfu: float | None = None
-
-    @property
-    def usd(self) -> float:
-        return self.chips * self.hours * self.usd_per_chip_hour
-
-    def __str__(self) -> str:
-        m = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
-        return (f"{self.chips} x {self.chip} for {self.hours:,.3g} h at ${self.usd_per_chip_hour:.2f}"
-                f"/chip-h ({pricing_note(self.pricing)}, {PRICES_AS_OF}, unverified) = "
-                f"${self.usd:,.2f}{m}")
-
-    __repr__ = __str__
-
-
-def mfu(model_flops_per_step: float, step_time_s: float, chips: int,
-        chip: hardware.Chip | str) -> float:
-    """Model FLOP utilisation: achieved model FLOP/s over ``chips x C`` (bf16 peak).
-
-    ``chips`` counts chips, not JAX devices: on v2, v3 and 7x a chip is two devices, so a
-    step on ``d`` devices uses ``d / 2`` chips. A chip without a bf16 peak (the T4)
-    raises ``ValueError`` rather than borrowing another dtype's peak.
-
-    >>> round(mfu(197e12, 1.0, 2, "v5e"), 2)
-    0.5
-    """
-    model_flops_per_step = errors.check_number("model_flops_per_step", model_flops_per_step, low=0)
-    step_time_s = errors.check_number("step_time_s", step_time_s, low=0, low_open=True)
-    chips = errors.check_int("chips", chips, low=1)
-    chip = hardware.as_chip(chip)
-    return model_flops_per_step / step_time_s / (chips * hardware.peak_flops_per_s(chip))
-
-
-def training_cost(chip: str, chips: int, *, tokens: float | None = None, params: float | None = None,
-                  mfu_: float | None = None, hours: float | None = None,
-                  pricing: str = "on_demand") -> CostEstimate:
-    """Dollars for a job: either ``hours`` given, or from ``6 x params x tokens`` FLOPs at ``mfu_``.
-
-    ``hours = 6 P T / (chips x C x MFU) / 3600`` (training FLOPs ~ 6 per parameter per
-    token, PaLM appendix B via nanoGPT's ``estimate_mfu``).
-
-    >>> est = training_cost("v5e", 256, params=1e9, tokens=20e9, mfu_=0.4)
-    >>> round(est.hours, 2), round(est.usd)
-    (1.65, 508)
-    >>> print(training_cost("v5e", 20, hours=3, pricing="spot"))
-    20 x v5e for 3 h at $0.48/chip-h (spot = assumed 0.4 x on-demand, 2026-11-30, unverified) = $28.80
-    """
-    if not isinstance(chip, str) or chip not in PRICES_USD_PER_CHIP_HOUR:
-        raise errors.CourseValueError(f"chip={chip!r}: no price in the table; it has "
-                                      f"{', '.join(map(repr, PRICES_USD_PER_CHIP_HOUR))}.")
-    c = hardware.get(chip)
-    chips = errors.check_int("chips", chips, low=1)
-    errors.check_choice("pricing", pricing, PRICES_USD_PER_CHIP_HOUR[chip])
-    if hours is not None:
-        hours = errors.check_number("hours", hours, low=0)
-    else:
-        if tokens is None or params is None or mfu_ is None:
-            raise errors.CourseValueError("give hours=, or all of tokens=, params= and mfu_=")
-        tokens = errors.check_number("tokens", tokens, low=0)
-        params = errors.check_number("params", params, low=0, low_open=True)
-        mfu_ = errors.check_number("mfu_", mfu_, low=0, high=1, low_open=True)
-        hours = 6 * params * tokens / (chips * hardware.peak_flops_per_s(c) * mfu_) / 3600
-    return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu_)

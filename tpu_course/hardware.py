@@ -20,7 +20,14 @@ Conventions (stated once, used everywhere):
   the scaling book) and the others in ``alt_values``.
 
 Source tags (``S1`` ...) refer to the course's fact sheet (``shared/hardware_facts.md``)
-and are spelled out in :data:`SOURCES`.
+and are spelled out in :data:`SOURCES`. Every figure a row states names its source in the
+row's ``sources`` (``tests/test_hardware.py`` checks each one).
+
+**Adding a generation** is one :class:`Chip` row in :data:`CHIPS`: its figures with their
+sources, its typed :class:`Wraparound`, the ``device_kinds`` JAX reports, and, where they
+apply, its verified compile-only topologies (``tpu_course.aot`` reads them; the aot tests
+compile each one and map its devices back to the row) and its price (``tpu_course.costs``
+reads it). Nothing else lists generations; the tests say what a new row still lacks.
 
 >>> get("v5e").peak_bf16_flops_per_s
 197000000000000.0
@@ -56,14 +63,77 @@ SOURCES: Mapping[str, str] = {
     "columns: DCN 50 and 100 Gb/s per chip)",
     "S8": "https://cloud.google.com/tpu/docs/v3",
     "S9": "https://cloud.google.com/tpu/docs/v4",
+    "S10": "https://docs.cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood (4 chips "
+    "and 2 NICs per VM)",
     "S11": "jax-ml/scaling-book gpus.md (GPU spec tables, NVLink)",
     "S15": "https://github.com/jax-ml/jax/issues/21212 (T4 has no native bf16)",
     "S17": "NVIDIA T4 datasheet figures as quoted by third-party spec pages (secondary)",
+    "S18": "https://github.com/datawhalechina/llm-algo-leetcode/issues/129 (Colab T4 nvidia-smi)",
     "S19": "NVIDIA A100/H100 datasheets as tabulated at glennklockwood.com (secondary)",
     "S20": "Ironwood summaries of Google's blog / Hot Chips 2025 (secondary)",
+    "S21": "AI-Hypercomputer/xpk src/xpk/core/system_characteristics.py (tpu7x: AxBxC in 4x4x4 "
+    "cubes, chips_per_vm=4)",
+    "P1": "https://cloud.google.com/tpu/pricing, on-demand USD per chip-hour, us-central "
+    "regions, as of 2026-11-30. UNVERIFIED: the course's search corpus holds no copy of the "
+    "page with per-chip prices; these are the list prices last published there as remembered "
+    "by the author. Check the page before quoting them.",
     "NV": "NVIDIA datasheets (A100: 19.5 TFLOP/s FP32; H100/H200 SXM: 67 TFLOP/s FP32; "
     "T4: 8.1 TFLOP/s FP32)",
 }
+
+
+#: The rules by which an ICI axis closes into a ring (see :class:`Wraparound`).
+WRAP_RULES = ("always", "exact", "multiple", "switched", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Wraparound:
+    """When an ICI axis of ``n`` chips closes into a ring (typed: no prose is parsed).
+
+    ``rule``: ``'always'`` (a full torus), ``'exact'`` (only axes of exactly ``size``
+    chips: a full pod side), ``'multiple'`` (axes that are multiples of ``size``: whole
+    cubes joined by optical switches), ``'switched'`` (a switch: every device one hop
+    from every other, behaves as wrapped) or ``'none'`` (no ring: PCIe only). An axis of
+    1 or 2 chips always counts as wrapped (a 2-ring is its own wraparound).
+
+    >>> Wraparound("exact", 16).wraps(8), Wraparound("exact", 16).wraps(16)
+    (False, True)
+    >>> str(Wraparound("multiple", 4))
+    'on axes that are multiples of 4'
+    """
+
+    rule: str
+    size: int | None = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        errors.check_choice("rule", self.rule, WRAP_RULES)
+        if (self.rule in ("exact", "multiple")) != (self.size is not None):
+            raise errors.CourseValueError(
+                f"Wraparound({self.rule!r}, size={self.size!r}): 'exact' and 'multiple' need "
+                "a size; the other rules take none")
+
+    def wraps(self, axis_size: int) -> bool:
+        """Whether an axis of ``axis_size`` chips closes into a ring."""
+        axis_size = errors.check_int("axis_size", axis_size, low=1)
+        if axis_size <= 2 or self.rule in ("always", "switched"):
+            return True
+        if self.rule == "exact":
+            return axis_size == self.size
+        if self.rule == "multiple":
+            return axis_size % self.size == 0
+        return False
+
+    def __str__(self) -> str:
+        text = {"always": "full torus", "exact": f"only on axes of size {self.size}",
+                "multiple": f"on axes that are multiples of {self.size}",
+                "switched": "switched: every device one hop from every other",
+                "none": "no ring (no ICI)"}[self.rule]
+        return f"{text} ({self.note})" if self.note else text
+
+
+#: The matrix peaks the table records, by dtype name.
+DTYPES = ("bf16", "fp16", "fp32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +157,7 @@ class Chip:
     ici_bytes_per_s: float | None  # bidirectional, per chip, all ports (NVLink for GPUs)
     ici_link_bytes_per_s: float | None  # one-way, one link (scaling-book convention)
     ici_topology: str
-    wraparound: str  # when the torus closes into a ring
+    wraparound: Wraparound  # when an ICI axis closes into a ring
     dcn_bytes_per_s: float | None  # data-centre network, per chip
     chips_per_host: int | None
     vmem_bytes: float | None  # per core (GPU: shared memory per SM)
@@ -97,6 +167,57 @@ class Chip:
     peak_fp16_flops_per_s: float | None = None  # dense fp16 matrix peak; None: none published
     devices_per_chip: int = 1  # JAX devices one chip shows (2 on v2, v3, 7x: no megacore)
     hbm_unit: str = "GB"  # the unit the HBM source prints: 'GB' (1e9) or 'GiB' (2**30)
+    # compile-only TPU topologies verified with libtpu (tpu_course.aot), e.g. ('2x2', '2x4')
+    compile_only_topologies: tuple[str, ...] = ()
+    usd_per_chip_hour: float | None = None  # on-demand list price; None: no price held
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """The chip's dense peak FLOP/s for ``dtype`` (``'bf16'``, ``'fp16'`` or ``'fp32'``).
+
+        Raises ``CourseValueError`` when the table has none (the T4 has no bf16; TPUs
+        publish no fp16), instead of lending another dtype's figure.
+
+        >>> get("t4").peak_flops("fp16") / 1e12
+        65.0
+        """
+        errors.check_choice("dtype", dtype, DTYPES)
+        peak = getattr(self, f"peak_{dtype}_flops_per_s")
+        if peak is None:
+            others = [d for d in DTYPES if getattr(self, f"peak_{d}_flops_per_s") is not None]
+            hint = (" (XLA computes bf16 in fp32 there)" if dtype == "bf16" and self.kind == "gpu"
+                    else "")
+            raise errors.CourseValueError(
+                f"{self.display_name} has no published {dtype} peak in tpu_course.hardware"
+                f"{hint}; it has: {', '.join(others) or 'none'}")
+        return float(peak)
+
+    def peak_flops_per_device(self, dtype: str = "bf16") -> float:
+        """Peak FLOP/s of one JAX device: the chip's peak / ``devices_per_chip``.
+
+        On v2, v3 and 7x each TensorCore is its own JAX device, so a benchmark on one
+        device can reach at most half the chip's peak.
+
+        >>> get("7x").peak_flops_per_device() / 1e12, get("v5p").peak_flops_per_device() / 1e12
+        (1153.5, 459.0)
+        """
+        return self.peak_flops(dtype) / self.devices_per_chip
+
+    def critical_intensity(self, dtype: str = "bf16") -> float:
+        """Peak FLOP/s over HBM bytes/s, in FLOP per byte: the roofline's ridge point.
+
+        A kernel whose arithmetic intensity is below this is memory-bound on the chip.
+        For a bf16 matmul of a B-token batch against a large weight this is also the
+        smallest B that keeps the MXU busy (scaling book, roofline chapter: "about 240"
+        on v5e).
+
+        >>> round(get("v6e").critical_intensity()), round(get("t4").critical_intensity("fp16"))
+        (560, 203)
+        """
+        return self.peak_flops(dtype) / self.hbm_bytes_per_s
+
+    def wraps(self, axis_size: int) -> bool:
+        """Whether an ICI axis of ``axis_size`` chips closes into a ring on this chip."""
+        return self.wraparound.wraps(axis_size)
 
     @property
     def hbm_gib(self) -> float:
@@ -162,14 +283,15 @@ CHIPS: Mapping[str, Chip] = {
             mxu_count=2, mxu_size=128,  # 1 per core x 128x128, S1 S3
             ici_bytes_per_s=None, ici_link_bytes_per_s=None,  # not found
             ici_topology="2D torus, 4 neighbours",  # S2
-            wraparound="full torus",  # S2
+            wraparound=Wraparound("always"),  # S2
             dcn_bytes_per_s=None,
             chips_per_host=4,  # "sets of 4 on a tray", S2
             vmem_bytes=16 * 2**20,  # S1
             device_kinds=("TPU v2",),
             sources={"peak_bf16_flops_per_s": "S1", "hbm_bytes": "S1", "hbm_bytes_per_s": "S1",
                      "mxu_count": "S1 S3", "ici_topology": "S2", "chips_per_host": "S2",
-                     "devices_per_chip": "S1"},
+                     "devices_per_chip": "S1",
+                     "tensorcores_per_chip": "S1", "mxu_size": "S1 S3", "wraparound": "S2", "vmem_bytes": "S1", "hbm_unit": "S1"},
             devices_per_chip=2,  # 2 TensorCores, not megacore: each is a JAX device, S1
             hbm_unit="GB",  # S1 stores 16e9 bytes
         ),
@@ -186,7 +308,7 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=4 * 2e11,
             ici_link_bytes_per_s=1e11,  # S2
             ici_topology="2D torus",  # S8
-            wraparound="full torus",
+            wraparound=Wraparound("always"),  # 2D torus, S8
             dcn_bytes_per_s=None,
             chips_per_host=4,  # v3-8 = 1 host, 4 chips x 2 cores, S8
             vmem_bytes=16 * 2**20,  # S1
@@ -194,7 +316,8 @@ CHIPS: Mapping[str, Chip] = {
             sources={"peak_bf16_flops_per_s": "S8", "hbm_bytes": "S8", "hbm_bytes_per_s": "S8",
                      "mxu_count": "S8 S1", "ici_link_bytes_per_s": "S2",
                      "ici_bytes_per_s": "S2 (derived: 4 links x 2e11 bidi per link)",
-                     "devices_per_chip": "S8 S1"},
+                     "devices_per_chip": "S8 S1",
+                     "tensorcores_per_chip": "S8", "mxu_size": "S8 S1", "ici_topology": "S8", "wraparound": "S8", "chips_per_host": "S8", "vmem_bytes": "S1", "hbm_unit": "S8"},
             alt_values={"peak_bf16_flops_per_s": "140e12 (S1, S2)",
                         "hbm_bytes_per_s": "825e9 (S1)", "hbm_bytes": "34.4e9 (S1)"},
             devices_per_chip=2,  # 2 TensorCores, not megacore, S8 S1
@@ -211,16 +334,19 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=6 * 9e10,  # 6 links x 9e10 bidi, S2
             ici_link_bytes_per_s=4.5e10,  # S2
             ici_topology="3D torus (3D mesh below 4x4x4), 6 neighbours",  # S9 S2
-            wraparound="axes that are multiples of 4 (full 4x4x4 cubes)",  # S2
+            wraparound=Wraparound("multiple", 4, "full 4x4x4 cubes"),  # S2
             dcn_bytes_per_s=None,
             chips_per_host=4,  # 2x2x1, S2
             vmem_bytes=16 * 2**20,  # S1
             device_kinds=("TPU v4",),
             sources={"peak_bf16_flops_per_s": "S9", "hbm_bytes": "S9", "hbm_bytes_per_s": "S9",
-                     "ici_link_bytes_per_s": "S2", "ici_topology": "S9 S2"},
+                     "ici_link_bytes_per_s": "S2", "ici_topology": "S9 S2",
+                     "tensorcores_per_chip": "S9 S1", "mxu_count": "S9 S1", "mxu_size": "S9 S1", "ici_bytes_per_s": "S2", "wraparound": "S2", "chips_per_host": "S2", "vmem_bytes": "S1", "devices_per_chip": "S9 S1", "hbm_unit": "S9",
+                     "compile_only_topologies": "verified: tests/test_hlo.py compiles each"},
             alt_values={"hbm_bytes_per_s": "1.23e12 (S1)"},
             devices_per_chip=1,  # megacore: the two cores are one JAX device, S9 S1
             hbm_unit="GiB",  # "32 GiB", S9
+            compile_only_topologies=("2x2x1", "2x2x2"),  # aot: compiled with libtpu
         ),
         Chip(
             name="v5e", display_name="TPU v5e", kind="tpu",
@@ -233,19 +359,24 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=400e9,  # bidi per chip, 4 ports, S5
             ici_link_bytes_per_s=4.5e10,  # S2
             ici_topology="2D torus, 4 ICI ports",  # S5
-            wraparound="only on axes of size 16",  # S2
+            wraparound=Wraparound("exact", 16, "a full pod side"),  # S2
             dcn_bytes_per_s=3.125e9,  # S2 (2 x 100 Gbps NIC per 8-chip host, S5)
             chips_per_host=8,  # S5
             vmem_bytes=128 * 2**20,  # S1 S2
             device_kinds=("TPU v5 lite", "TPU v5e", "TPU v5litepod"),
             sources={"peak_bf16_flops_per_s": "S5", "hbm_bytes": "S5", "hbm_bytes_per_s": "S5",
                      "ici_bytes_per_s": "S5", "ici_link_bytes_per_s": "S2",
-                     "dcn_bytes_per_s": "S2", "chips_per_host": "S5"},
+                     "dcn_bytes_per_s": "S2", "chips_per_host": "S5",
+                     "tensorcores_per_chip": "S5", "mxu_count": "S5 S1", "mxu_size": "S5 S1", "ici_topology": "S5", "wraparound": "S2", "vmem_bytes": "S1 S2", "hbm_unit": "S5",
+                     "devices_per_chip": "S5",
+                     "compile_only_topologies": "verified: tests/test_hlo.py compiles each", "usd_per_chip_hour": "P1"},
             alt_values={"hbm_bytes_per_s": "800 GiB/s (S5, other revision); 8.1e11 / 8.2e11 (S2, S1)",
                         "hbm_bytes": "17.2e9 (S1)",
                         "hbm_unit": "Cloud pages have printed both 16 GB and 16 GiB; JAX stores "
                                     "17.2e9 B (S1); this table keeps 16 GB (S5)"},
             hbm_unit="GB",  # "16 GB", S5 (other revisions: "16 GiB")
+            compile_only_topologies=("1x1", "2x2", "2x4", "4x4", "16x16"),  # aot: compiled with libtpu
+            usd_per_chip_hour=1.20,  # P1
         ),
         Chip(
             name="v5p", display_name="TPU v5p", kind="tpu",
@@ -258,18 +389,22 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=1200e9,  # bidi per chip, S4
             ici_link_bytes_per_s=9e10,  # S2
             ici_topology="3D torus, 6 neighbours",  # S4 S2
-            wraparound="axes that are multiples of 4 (full 4x4x4 cubes)",  # S2
+            wraparound=Wraparound("multiple", 4, "full 4x4x4 cubes"),  # S2
             dcn_bytes_per_s=6.25e9,  # 50 Gbps per chip, S4
             chips_per_host=4,  # 4-chip VM, S4
             vmem_bytes=64 * 2**20,  # S1
             device_kinds=("TPU v5", "TPU v5p"),
             sources={"peak_bf16_flops_per_s": "S4", "hbm_bytes": "S4", "hbm_bytes_per_s": "S4",
                      "ici_bytes_per_s": "S4", "ici_link_bytes_per_s": "S2",
-                     "dcn_bytes_per_s": "S4", "chips_per_host": "S4"},
+                     "dcn_bytes_per_s": "S4", "chips_per_host": "S4",
+                     "tensorcores_per_chip": "S4", "mxu_count": "S4 S1", "mxu_size": "S4 S1", "ici_topology": "S4 S2", "wraparound": "S2", "vmem_bytes": "S1", "devices_per_chip": "S4 S1", "hbm_unit": "S4",
+                     "compile_only_topologies": "verified: tests/test_hlo.py compiles each", "usd_per_chip_hour": "P1"},
             alt_values={"hbm_bytes_per_s": "2575 GiB/s (S4 other revision); 2.8e12 (S2); 2.46e12 (S1)",
                         "hbm_bytes": "96 GB (S2); 103e9 (S1)"},
             devices_per_chip=1,  # megacore, S4 S1
             hbm_unit="GiB",  # "95 GiB", S4
+            compile_only_topologies=("2x2x1", "2x2x2"),  # aot: compiled with libtpu
+            usd_per_chip_hour=4.20,  # P1
         ),
         Chip(
             name="v6e", display_name="TPU v6e (Trillium)", kind="tpu",
@@ -282,16 +417,21 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=800e9,  # bidi per chip, S6
             ici_link_bytes_per_s=9e10,  # S2
             ici_topology="2D torus, 4 ICI ports",  # S6
-            wraparound="only on axes of size 16",  # S2
+            wraparound=Wraparound("exact", 16, "a full pod side"),  # S2
             dcn_bytes_per_s=12.5e9,  # S2; "100 Gb/s per chip" in S7's table
             chips_per_host=8,  # S6
             vmem_bytes=128 * 2**20,  # S1
             device_kinds=("TPU v6 lite", "TPU v6e"),
             sources={"peak_bf16_flops_per_s": "S6", "hbm_bytes": "S6", "hbm_bytes_per_s": "S6",
                      "ici_bytes_per_s": "S6", "ici_link_bytes_per_s": "S2",
-                     "dcn_bytes_per_s": "S2 S7", "chips_per_host": "S6", "mxu_size": "S6 S1 S2"},
+                     "dcn_bytes_per_s": "S2 S7", "chips_per_host": "S6", "mxu_size": "S6 S1 S2",
+                     "tensorcores_per_chip": "S6", "mxu_count": "S6 S1", "ici_topology": "S6", "wraparound": "S2", "vmem_bytes": "S1", "hbm_unit": "S6",
+                     "devices_per_chip": "S6",
+                     "compile_only_topologies": "verified: tests/test_hlo.py compiles each", "usd_per_chip_hour": "P1"},
             alt_values={"hbm_bytes": "34.4e9 (S1)"},
             hbm_unit="GB",  # "32 GB", S6
+            compile_only_topologies=("1x1", "2x2", "2x4", "4x4"),  # aot: compiled with libtpu
+            usd_per_chip_hour=2.70,  # P1
         ),
         Chip(
             name="7x", display_name="TPU7x (Ironwood)", kind="tpu",
@@ -303,15 +443,17 @@ CHIPS: Mapping[str, Chip] = {
             mxu_count=4, mxu_size=256,  # 2 per core, 256 wide, S1
             ici_bytes_per_s=1200e9,  # bidi per chip, S7
             ici_link_bytes_per_s=None,
-            ici_topology="3D torus in 4x4x4 cubes",  # S21 via fact sheet
-            wraparound="full 4x4x4 cubes",
+            ici_topology="3D torus in 4x4x4 cubes",  # S21
+            wraparound=Wraparound("multiple", 4, "4x4x4 cubes as v4/v5p: assumed, not verified"),  # S21
             dcn_bytes_per_s=100e9 / 8,  # "100 Gb/s" per chip, S7
-            chips_per_host=4,  # 4 chips per VM
+            chips_per_host=4,  # 4 chips per VM, S10 S21
             vmem_bytes=64 * 2**20,  # S1
             device_kinds=("TPU7x", "TPU 7x", "TPU v7x", "TPU v7"),
             sources={"peak_bf16_flops_per_s": "S7", "hbm_bytes": "S7", "hbm_bytes_per_s": "S7",
                      "ici_bytes_per_s": "S7", "dcn_bytes_per_s": "S7", "mxu_count": "S1",
-                     "devices_per_chip": "S7 S1"},
+                     "devices_per_chip": "S7 S1",
+                     "tensorcores_per_chip": "S7 S1", "mxu_size": "S1", "ici_topology": "S21", "wraparound": "S21", "vmem_bytes": "S1", "hbm_unit": "S7",
+                     "chips_per_host": "S10 S21"},
             alt_values={"hbm_bytes_per_s": "7.4e12 (S1); 7.37e12 (S20, secondary)",
                         "hbm_bytes": "206e9 (S1)", "ici_bytes_per_s": "1.2 TB/s (S20, secondary)"},
             devices_per_chip=2,  # 2 TensorCores, each its own JAX device (no megacore), S7 S1
@@ -329,14 +471,17 @@ CHIPS: Mapping[str, Chip] = {
             mxu_count=None, mxu_size=None,
             ici_bytes_per_s=None, ici_link_bytes_per_s=None,  # PCIe only, no NVLink
             ici_topology="PCIe 3.0 x16, no NVLink",  # S17
-            wraparound="n/a",
+            wraparound=Wraparound("none", note="PCIe only"),  # S17
             dcn_bytes_per_s=None,
             chips_per_host=1,
             vmem_bytes=64 * 2**10,  # L1/shared per SM, S17
             device_kinds=("Tesla T4", "NVIDIA T4"),
             sources={"peak_bf16_flops_per_s": "S15 (none: no bf16 support)",
                      "peak_fp16_flops_per_s": "S17 (secondary)", "hbm_bytes_per_s": "S17",
-                     "peak_fp32_flops_per_s": "NV"},
+                     "peak_fp32_flops_per_s": "NV",
+                     "hbm_bytes": "S17", "ici_topology": "S17", "wraparound": "S17", "vmem_bytes": "S17", "hbm_unit": "S17",
+                     "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device",
+                     "chips_per_host": "S18 (Colab: one T4 per VM)"},
             peak_fp16_flops_per_s=65e12,  # fp16 tensor-core peak, S17 (secondary)
             hbm_unit="GB",  # "16 GB" GDDR6, S17
         ),
@@ -351,14 +496,16 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=600e9,  # NVLink 3, 300 GB/s each way, S11
             ici_link_bytes_per_s=25e9,  # 12 ports x 25 GB/s, S11
             ici_topology="NVLink 3 through 6 NVSwitches (8 GPUs per node)",  # S11
-            wraparound="switched: every GPU one hop from every other",
+            wraparound=Wraparound("switched"),  # NVSwitch, S11
             dcn_bytes_per_s=None,
             chips_per_host=8,  # S11
             vmem_bytes=192 * 2**10,  # SMEM per SM, S11
             device_kinds=("NVIDIA A100-SXM4-80GB",),  # the PCIe card is not this row
             sources={"peak_bf16_flops_per_s": "S11 S19", "hbm_bytes_per_s": "S19",
                      "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV",
-                     "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)"},
+                     "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)",
+                     "hbm_bytes": "S11", "ici_link_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "chips_per_host": "S11", "vmem_bytes": "S11", "hbm_unit": "S11",
+                     "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device"},
             alt_values={"hbm_bytes_per_s": "2.0e12 (S11)"},
             peak_fp16_flops_per_s=312e12,  # dense, same as bf16, S11
             hbm_unit="GB",  # "80GB", S11
@@ -374,14 +521,16 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=900e9,  # NVLink 4, 450 GB/s each way, S11
             ici_link_bytes_per_s=25e9,  # 18 ports x 25 GB/s, S11
             ici_topology="NVLink 4 through 4 NVSwitches (8 GPUs per node)",  # S11
-            wraparound="switched: every GPU one hop from every other",
+            wraparound=Wraparound("switched"),  # NVSwitch, S11
             dcn_bytes_per_s=50e9,  # ~400 GB/s node egress / 8 GPUs, S11
             chips_per_host=8,  # S11
             vmem_bytes=256 * 2**10,  # SMEM per SM, S11
             device_kinds=("NVIDIA H100 80GB HBM3", "NVIDIA H100", "NVIDIA H100 SXM"),
             sources={"peak_bf16_flops_per_s": "S19 S11", "hbm_bytes_per_s": "S11",
                      "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV",
-                     "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)"},
+                     "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)",
+                     "hbm_bytes": "S11", "ici_link_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "dcn_bytes_per_s": "S11", "chips_per_host": "S11", "vmem_bytes": "S11", "hbm_unit": "S11",
+                     "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device"},
             alt_values={"peak_bf16_flops_per_s": "990e12 (S11)"},
             peak_fp16_flops_per_s=989e12,  # dense, same as bf16, S11 S19
             hbm_unit="GB",  # "80GB", S11
@@ -397,13 +546,16 @@ CHIPS: Mapping[str, Chip] = {
             ici_bytes_per_s=900e9,  # NVLink 4, S11
             ici_link_bytes_per_s=25e9,
             ici_topology="NVLink 4 through NVSwitches (8 GPUs per node)",  # S11
-            wraparound="switched: every GPU one hop from every other",
+            wraparound=Wraparound("switched"),  # NVSwitch, S11
             dcn_bytes_per_s=50e9,  # as H100, S11
             chips_per_host=8,  # S11
             vmem_bytes=256 * 2**10,  # S11
             device_kinds=("NVIDIA H200",),  # the SXM module; the NVL card is not this row
             sources={"peak_bf16_flops_per_s": "S11", "hbm_bytes": "S11", "hbm_bytes_per_s": "S11",
-                     "peak_fp32_flops_per_s": "NV", "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)"},
+                     "peak_fp32_flops_per_s": "NV", "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)",
+                     "ici_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "dcn_bytes_per_s": "S11", "chips_per_host": "S11", "vmem_bytes": "S11", "hbm_unit": "S11",
+                     "ici_link_bytes_per_s": "S11",
+                     "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device"},
             peak_fp16_flops_per_s=989e12,  # dense, same as bf16, S11
             hbm_unit="GB",  # "141GB", S11
         ),
@@ -511,54 +663,28 @@ def missing_reason(device_kind: str) -> str | None:
     return next((why for kind, why in NOT_IN_TABLE.items() if _norm(kind) == want), None)
 
 
-#: The matrix peaks the table records, by dtype name.
-DTYPES = ("bf16", "fp16", "fp32")
+def peak_flops_per_s(chip: Chip | str, dtype: str = "bf16") -> float:
+    """The chip's dense peak FLOP/s for ``dtype``: :meth:`Chip.peak_flops`."""
+    return as_chip(chip).peak_flops(dtype)
 
 
-def peak_flops_per_s(chip: Chip, dtype: str = "bf16") -> float:
-    """The chip's dense peak FLOP/s for ``dtype`` (``'bf16'``, ``'fp16'`` or ``'fp32'``).
-
-    Raises ``ValueError`` when the table has none (the T4 has no bf16; TPUs publish no
-    fp16), instead of lending another dtype's figure.
-
-    >>> peak_flops_per_s(get("t4"), "fp16") / 1e12
-    65.0
-    """
-    chip = as_chip(chip)
-    errors.check_choice("dtype", dtype, DTYPES)
-    peak = getattr(chip, f"peak_{dtype}_flops_per_s")
-    if peak is None:
-        others = [d for d in DTYPES if getattr(chip, f"peak_{d}_flops_per_s") is not None]
-        hint = (" (XLA computes bf16 in fp32 there)" if dtype == "bf16" and chip.kind == "gpu"
-                else "")
-        raise errors.CourseValueError(f"{chip.display_name} has no published {dtype} peak in "
-                         f"tpu_course.hardware{hint}; it has: {', '.join(others) or 'none'}")
-    return float(peak)
+def peak_flops_per_device(chip: Chip | str, dtype: str = "bf16") -> float:
+    """Peak FLOP/s of one JAX device: :meth:`Chip.peak_flops_per_device`."""
+    return as_chip(chip).peak_flops_per_device(dtype)
 
 
-def peak_flops_per_device(chip: Chip, dtype: str = "bf16") -> float:
-    """Peak FLOP/s of one JAX device: the chip's peak / ``devices_per_chip``.
+def critical_intensity(chip: Chip | str, dtype: str = "bf16") -> float:
+    """Peak FLOP/s over HBM bytes/s (the roofline's ridge point): :meth:`Chip.critical_intensity`.
 
-    On v2, v3 and 7x each TensorCore is its own JAX device, so a benchmark on one device
-    can reach at most half the chip's peak.
-
-    >>> peak_flops_per_device(get("7x")) / 1e12, peak_flops_per_device(get("v5p")) / 1e12
-    (1153.5, 459.0)
-    """
-    return peak_flops_per_s(chip, dtype) / chip.devices_per_chip
-
-
-def critical_intensity(chip: Chip, dtype: str = "bf16") -> float:
-    """Peak FLOP/s divided by HBM bytes/s, in FLOP per byte (the roofline's ridge point).
-
-    A kernel whose arithmetic intensity is below this is memory-bound on ``chip``. For
-    a bf16 matmul of a B-token batch against a large weight this is also the smallest B
-    that keeps the MXU busy (scaling book, roofline chapter: "about 240" on v5e).
-
-    >>> round(critical_intensity(get("v6e"))), round(critical_intensity(get("t4"), "fp16"))
+    >>> round(critical_intensity("v6e")), round(critical_intensity(get("t4"), "fp16"))
     (560, 203)
     """
-    return peak_flops_per_s(as_chip(chip), dtype) / as_chip(chip).hbm_bytes_per_s
+    return as_chip(chip).critical_intensity(dtype)
+
+
+def prices() -> dict[str, float]:
+    """``{chip name: on-demand USD per chip-hour}`` for the rows that hold a price (P1)."""
+    return {c.name: c.usd_per_chip_hour for c in CHIPS.values() if c.usd_per_chip_hour is not None}
 
 
 def table(chip_names: list[str] | None = None) -> str:

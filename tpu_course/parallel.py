@@ -8,7 +8,7 @@ What is here:
   partitioner decide the collectives (the classic "GSPMD" mode the chapter inspects);
   ``explicit=True`` gives ``AxisType.Explicit`` axes (JAX 0.8+'s ``jax.make_mesh``
   default), where shardings are part of each array's type.
-* :func:`param_specs` / :func:`shard_train_state` / :func:`make_sharded_train_step`:
+* :func:`param_specs` / :func:`state_shardings` / :func:`make_sharded_train_step`:
   the ``PartitionSpec`` of every parameter (and optimizer moment) under ``"dp"``
   (replicated), ``"fsdp"`` (first divisible axis sharded) or ``"tp"`` (Megatron:
   alternate layers split by columns then rows), and the chapter-5 train step jitted
@@ -48,8 +48,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_course import errors
-
-STRATEGIES = ("dp", "fsdp", "tp")
+from tpu_course.comms import STRATEGIES  # noqa: F401  (one list, re-exported)
 
 
 # ------------------------------------------------------------------------------ meshes
@@ -382,33 +381,6 @@ def mlp_block_reference_step(lr: float = 0.1) -> Callable:
         return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
 
     return jax.jit(step)
-
-
-def observed_collectives(report: Any) -> dict[str, tuple[int, int]]:
-    """``{kind: (arrays, bytes per device)}`` of the collectives in a ``tpu_course.hlo`` report.
-
-    The same shape as ``tpu_course.comms.CollectivePlan.by_kind()``, so a prediction and
-    the compiled program compare with ``==``. Bytes are operand bytes per device.
-
-    The TPU compiler writes FSDP's gradient reduction as an "all-reduce-scatter" fusion:
-    all-reduces whose results are sliced to this device's shard inside the same fusion.
-    Those count as what they do, ``reduce-scatter`` (see :func:`collective_kind`).
-    """
-    out: dict[str, tuple[int, int]] = {}
-    for c in report.collectives:
-        kind = collective_kind(c)
-        a, b = out.get(kind, (0, 0))
-        out[kind] = (a + 1, b + int(c.bytes))
-    return out
-
-
-def collective_kind(collective: Any) -> str:
-    """What a ``tpu_course.hlo.Collective`` does: its kind, except that an all-reduce inside
-    the TPU compiler's ``all-reduce-scatter`` fusion is a ``reduce-scatter``."""
-    fused_in = getattr(collective, "fused_in", None) or ""
-    if collective.kind == "all-reduce" and fused_in.startswith("all-reduce-scatter"):
-        return "reduce-scatter"
-    return collective.kind
 
 
 def mlp_block_abstract(strategy: str, mesh: Mesh, batch: int, d_model: int, d_ff: int,

@@ -94,17 +94,23 @@ def elementwise_intensity(flops_per_element: float = 1, inputs: int = 1, outputs
 def _peak(chip: hardware.Chip | str, dtype: str) -> float:
     chip = hardware.as_chip(chip)
     try:
-        return hardware.peak_flops_per_s(chip, dtype)
+        return chip.peak_flops(dtype)
     except ValueError as err:
         hint = (" TPUs publish bf16 peaks only (they run fp32 matmuls as several bf16 passes)."
                 if chip.kind == "tpu" else "")
         raise errors.CourseValueError(f"{err}; pass one of those as dtype=.{hint}") from None
 
 
-def ridge_point(chip: hardware.Chip, dtype: str = "bf16") -> float:
+def critical_intensity(chip: hardware.Chip | str, dtype: str = "bf16") -> float:
     """The intensity where the memory roof meets the compute roof: peak / bandwidth
-    (FLOP per byte). Same as :func:`tpu_course.hardware.critical_intensity`."""
-    return _peak(chip, dtype) / hardware.as_chip(chip).hbm_bytes_per_s
+    (FLOP per byte), :meth:`tpu_course.hardware.Chip.critical_intensity` with a hint when
+    the chip has no such peak."""
+    _peak(chip, dtype)  # refuses a missing peak with the roofline's hint
+    return hardware.as_chip(chip).critical_intensity(dtype)
+
+
+#: The roofline's name for the chip's critical intensity: one function, two names.
+ridge_point = critical_intensity
 
 
 def attainable_flops_per_s(intensity: float, chip: hardware.Chip, dtype: str = "bf16") -> float:

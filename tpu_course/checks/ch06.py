@@ -213,7 +213,7 @@ def check_fsdp_prediction(predicted_fsdp: Any, shard_fsdp: Callable) -> CheckRes
     except _Answer as a:
         return fail(T1, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}",
                     hint="make exercise 2 pass first")
-    return _grade_bytes(T1, parsed, parallel.observed_collectives(report), "8 simulated CPU "
+    return _grade_bytes(T1, parsed, report.by_kind(), "8 simulated CPU "
                         "devices", 8)
 
 
@@ -283,24 +283,23 @@ def check_shard_fsdp(shard_fsdp: Callable) -> CheckResult:
 def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult:
     """Exercise 3: the kind of collective that carries the big gradients when the same
     annotated step is compiled for a v5e-8 (``v5e:2x4``), against its HLO."""
-    from jax.sharding import AxisType, Mesh
-    import numpy as np
+    import jax
+    from jax.sharding import AxisType
 
-    from tpu_course import hlo, parallel
+    from tpu_course import hlo
 
     if not isinstance(predicted_v5e_kind, str) or predicted_v5e_kind not in comms.KINDS:
         return fail(T3, f"predicted_v5e_kind should be one of the HLO kinds, not "
                         f"{predicted_v5e_kind!r}", hint=f"one of: {', '.join(comms.KINDS)}")
-    devices = hlo.tpu_topology("v5e:2x4").devices
-    mesh = Mesh(np.asarray(devices[:8], dtype=object).reshape(8), ("data",),
-                axis_types=(AxisType.Auto,))
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,),
+                         devices=hlo.tpu_topology("v5e:2x4").devices)
     try:
         report, _ = _compile_fsdp(shard_fsdp, mesh, target="v5e:2x4")
     except _Answer as a:
         return fail(T3, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}")
     big = max(report.collectives, key=lambda c: c.bytes)
-    kind = parallel.collective_kind(big)
-    compiled = parallel.observed_collectives(report)
+    kind = big.kind
+    compiled = report.by_kind()
     if predicted_v5e_kind != kind:
         hint = ("the CPU backend all-reduces and slices; look at what the chapter's v5e cell "
                 "printed for FSDP" if predicted_v5e_kind == "all-reduce" else
