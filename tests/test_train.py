@@ -219,6 +219,7 @@ def test_fit_tiny_config_learns(pipeline):
     assert h.steps[-1][1] < h.steps[0][1]  # loss every log_every steps goes down
     assert h.test_accuracy[-1] > 0.5 and h.train_loss[1] < h.train_loss[0]
     assert h.images_trained == 2 * (384 // 64) * 64
+    assert [e.step for e in h.epochs] == [6, 12]  # where History.plot puts each test accuracy
     assert h.compile_time_s > 0 and h.train_time_s > 0 and h.images_per_s > 0
     assert isinstance(h.model, models.MLP)
     ev = train.evaluate(h.model, synthetic().test_images, synthetic().test_labels)
@@ -242,18 +243,20 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
     graphdef, state = train.init_state(small_mlp(), tx)
     step = jax.jit(train.make_train_step(graphdef, tx))
     state, _ = step(state, batch)
-    train.save_checkpoint(tmp_path / "c.npz", state, {"note": "after one step"})
+    train.save_checkpoint(tmp_path / "c", state, {"note": "after one step"})
     uninterrupted, m1 = step(state, batch)
     fresh = train.init_state(small_mlp(), tx)[1]
-    restored, meta = train.restore_checkpoint(tmp_path / "c.npz", fresh)
+    restored, meta = train.restore_checkpoint(tmp_path / "c", fresh)
     assert meta == {"note": "after one step"} and int(restored.step) == 1
     resumed, m2 = step(restored, batch)
     assert float(m1["loss"]) == float(m2["loss"])
     for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed)):
         np.testing.assert_array_equal(a, b)
     other = train.init_state(models.MLP(hidden=(16,), rngs=nnx.Rngs(0)), tx)[1]
-    with pytest.raises(ValueError, match="expected"):
-        train.restore_checkpoint(tmp_path / "c.npz", other)
+    with pytest.raises(ValueError, match=r"\['bias'\].* is \[32\] float32 there, expected \[16\] float32"):
+        train.restore_checkpoint(tmp_path / "c", other)
+    with pytest.raises(ValueError, match="no checkpoint of step 7"):
+        train.restore_checkpoint(tmp_path / "c", fresh, step=7)
 
 
 @pytest.mark.parametrize("pipeline", ["device", "prefetch"])
@@ -270,6 +273,12 @@ def test_fit_resumes_from_checkpoint_bit_for_bit(tmp_path, pipeline):
     assert resumed.train_loss == whole.train_loss
     for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(whole.state)):
         np.testing.assert_array_equal(a, b)
+    # A different run may not continue this one, nor a fresh run overwrite it.
+    with pytest.raises(ValueError, match=r"different run: learning_rate=0.001 there, 0.002 here"):
+        train.fit(cfg.replace(learning_rate=2e-3), data=synthetic(), checkpoint_dir=tmp_path / "r",
+                  resume=True)
+    with pytest.raises(ValueError, match="already holds checkpoints.*resume=True"):
+        train.fit(cfg, data=synthetic(), checkpoint_dir=tmp_path / "r")
 
 
 def test_config_rejects_unknown_choices():

@@ -8,11 +8,13 @@ What is here:
   partitioner decide the collectives (the classic "GSPMD" mode the chapter inspects);
   ``explicit=True`` gives ``AxisType.Explicit`` axes (JAX 0.8+'s ``jax.make_mesh``
   default), where shardings are part of each array's type.
-* :func:`param_specs` / :func:`shard_train_state` / :func:`make_sharded_train_step`:
+* :func:`param_specs` / :func:`state_shardings` / :func:`make_sharded_train_step`:
   the ``PartitionSpec`` of every parameter (and optimizer moment) under ``"dp"``
   (replicated), ``"fsdp"`` (first divisible axis sharded) or ``"tp"`` (Megatron:
   alternate layers split by columns then rows), and the chapter-5 train step jitted
   with those shardings. The step is unchanged: only the layouts differ.
+  :func:`train_chapter5` runs chapter 5's own loop (``train.fit``) under a strategy
+  (:func:`strategy_placement`).
 * :func:`sharded_block_step`: one SGD step of a two-matrix MLP block under DP, FSDP or
   TP by annotations only (``jax.jit`` shardings; XLA inserts the collectives), and
   :func:`mlp_block_step`: the same three strategies written by hand with the public
@@ -40,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from typing import Any, Callable, Sequence
 
 import jax
@@ -48,8 +51,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_course import errors
-
-STRATEGIES = ("dp", "fsdp", "tp")
+from tpu_course.comms import STRATEGIES  # the one list of strategies (cost model and code)
 
 
 # ------------------------------------------------------------------------------ meshes
@@ -204,6 +206,28 @@ def batch_spec(strategy: str, axis: str) -> P:
     return P() if strategy == "tp" else P(axis)
 
 
+def strategy_placement(strategy: str | None, mesh: Mesh | None,
+                       axis: str | None = None) -> Callable[[Any], Any]:
+    """Where a run under ``strategy`` keeps its state, batches and metrics on ``mesh``.
+
+    Returns ``placement(state) -> train.Placement``, the ``placement`` argument of
+    ``train.fit``. ``strategy=None`` is the single-device reference: everything on the
+    first device of ``mesh`` (or the default device without one), so that it runs on the
+    same platform as the sharded runs it is compared with.
+    """
+    from tpu_course.pipelines import Placement
+
+    if strategy is None:
+        device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+        one = jax.sharding.SingleDeviceSharding(device)
+        return lambda state: Placement(one, one, one)
+    if mesh is None:
+        raise errors.CourseValueError(f"a {strategy!r} run needs a mesh (parallel.make_mesh)")
+    axis = axis or mesh.axis_names[0]
+    batch, scalars = NamedSharding(mesh, batch_spec(strategy, axis)), NamedSharding(mesh, P())
+    return lambda state: Placement(state_shardings(strategy, state, mesh, axis), batch, scalars)
+
+
 def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mesh,
                             axis: str | None = None) -> tuple[Callable, Any, Any]:
     """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's shardings.
@@ -214,12 +238,10 @@ def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mes
     gradients, for FSDP all-gathers of the parameters (and, on TPU, reduce-scatters of
     the gradients), for TP all-reduces of activations.
     """
-    axis = axis or mesh.axis_names[0]
-    s_state = state_shardings(strategy, state, mesh, axis)
-    s_batch = NamedSharding(mesh, batch_spec(strategy, axis))
-    rep = NamedSharding(mesh, P())
-    jitted = jax.jit(step, in_shardings=(s_state, s_batch), out_shardings=(s_state, rep))
-    return jitted, s_state, s_batch
+    place = strategy_placement(strategy, mesh, axis)(state)
+    jitted = jax.jit(step, in_shardings=(place.state, place.batch),
+                     out_shardings=(place.state, place.scalars))
+    return jitted, place.state, place.batch
 
 
 def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
@@ -227,41 +249,30 @@ def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
                    hidden: Sequence[int] = (128, 64), lr: float = 0.05, seed: int = 0) -> list[float]:
     """Train the chapter-5 ``models.MLP`` for ``steps`` SGD steps; return the losses.
 
-    ``strategy=None`` is the single-device reference (plain ``jax.jit`` on the first
-    device of ``mesh``, or the default device without one: comparing a TPU run with a
-    CPU mesh would compare bf16 matmul passes with fp32 ones); otherwise the same step under :func:`make_sharded_train_step` on ``mesh``.
-    The batches are the first ``steps x batch_size`` images in order, so every run sees
-    the same data: the losses must agree to float rounding.
+    Chapter 5's loop, ``train.fit``, with a ``TrainConfig`` for plain SGD on the first
+    ``steps x batch_size`` images in order (no shuffle), so every run sees the same
+    data, placed by :func:`strategy_placement`: ``strategy=None`` is the single-device
+    reference (on the first device of ``mesh``: comparing a TPU run with a CPU mesh
+    would compare bf16 matmul passes with fp32 ones), otherwise the step is jitted with
+    the strategy's shardings on ``mesh``. The losses must agree to float rounding.
     """
-    import optax
-    from flax import nnx
+    from tpu_course import train
 
-    from tpu_course import models, train
-
-    tx = optax.sgd(lr)
-    model = models.MLP(hidden=tuple(hidden), rngs=nnx.Rngs(seed))
-    graphdef, state = train.init_state(model, tx)
-    step = train.make_train_step(graphdef, tx)
-    if strategy is None:  # on the mesh's first device when a mesh is given (same platform)
-        dev = mesh.devices.flat[0] if mesh is not None else None
-        fn = jax.jit(step)
-        if dev is not None:
-            state = jax.device_put(state, dev)
-        put = (lambda b: jax.device_put(b, dev)) if dev is not None else (lambda b: b)  # noqa: E731
-    else:
-        if mesh is None:
-            raise errors.CourseValueError("a sharded run needs a mesh")
-        fn, s_state, s_batch = make_sharded_train_step(step, strategy, state, mesh)
-        state = jax.device_put(state, s_state)
-        put = lambda b: jax.device_put(b, s_batch)  # noqa: E731
-    weights = np.ones((batch_size,), np.float32)
-    losses = []
-    for i in range(steps):
-        sl = slice(i * batch_size, (i + 1) * batch_size)
-        batch = train.Batch(images[sl], labels[sl].astype(np.int32), weights)
-        state, metrics = fn(state, put(batch))
-        losses.append(float(metrics["loss"]))
-    return losses
+    steps = errors.check_int("steps", steps, low=1)
+    batch_size = errors.check_int("batch_size", batch_size, low=1)
+    if steps * batch_size > len(images):
+        raise errors.CourseValueError(f"{steps} steps of {batch_size} need {steps * batch_size} "
+                                      f"images, {len(images)} were given")
+    config = train.TrainConfig(model="mlp", mlp_hidden=tuple(hidden), optimizer="sgd",
+                               learning_rate=lr, seed=seed, epochs=1, batch_size=batch_size,
+                               max_train_examples=steps * batch_size, shuffle=False,
+                               pipeline="prefetch", eval_batch_size=batch_size, log_every=1,
+                               progress=False)
+    # Evaluation is not what this compares: the first batch stands in for a test set.
+    data = types.SimpleNamespace(train_images=images, train_labels=labels,
+                                 test_images=images[:batch_size], test_labels=labels[:batch_size])
+    history = train.fit(config, data=data, placement=strategy_placement(strategy, mesh))
+    return [loss for _, loss, _ in history.steps]
 
 
 # ------------------------------------------------- the MLP block, collectives by hand
