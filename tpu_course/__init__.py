@@ -25,7 +25,9 @@ REPOSITORY = "tpu-course/tpu-course"
 
 _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "runtime",
-    "data", "hlo", "bench", "models", "train", "parallel", "parity", "viz", "checks",
+    "data", "hlo", "bench", "models", "train_step", "pipelines", "evaluation", "train_config",
+    "history", "checkpoints", "train", "train_cli", "parallel", "multihost", "parity", "viz",
+    "checks",
 )
 
 
