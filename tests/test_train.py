@@ -264,6 +264,9 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
         train.restore_checkpoint(tmp_path / "c", other)
     with pytest.raises(ValueError, match="no checkpoint of step 7"):
         train.restore_checkpoint(tmp_path / "c", fresh, step=7)
+    with pytest.raises(ValueError, match="no checkpoint directory"):
+        train.restore_checkpoint(tmp_path / "absent", fresh)
+    assert not (tmp_path / "absent").exists()
 
 
 @pytest.mark.parametrize("pipeline", ["device", "prefetch"])

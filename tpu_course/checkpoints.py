@@ -80,6 +80,8 @@ def restore_checkpoint(directory: str | os.PathLike, like: Any,
     """
     import orbax.checkpoint as ocp
 
+    if not pathlib.Path(directory).is_dir():
+        raise errors.CourseValueError(f"no checkpoint directory {directory}; save one with save_checkpoint")
     manager = _manager(directory)
     try:
         step = manager.latest_step() if step is None else step
