@@ -228,5 +228,3 @@ def accelerator_reference(name: str = "mnist-h200") -> dict:
         known = sorted(p.stem for p in REFERENCE_DIR.glob("*.json"))
         raise ValueError(f"no committed result {name!r}; the package ships {known}")
     return json.loads(path.read_text())
-
-
