@@ -247,7 +247,7 @@ print(f"loss on one fixed batch: {losses[0]:.2f} -> {losses[-1]:.2f} after 20 st
 # definitions (`tpu_course.train`), shown here and kept equal to it by a test.
 
 # %%
-# Same code as tpu_course.train.Batch, tpu_course.train.TrainState
+# Same code as tpu_course.train_step.Batch, tpu_course.train_step.TrainState
 class Batch(NamedTuple):
     """One batch: uint8 images ``(B, 28, 28)``, int32 labels ``(B,)``, float32 weights ``(B,)``.
 
@@ -268,7 +268,7 @@ class TrainState(NamedTuple):
     opt_state: Any  # the optax state for ``params``
 
 # %%
-# Same code as tpu_course.train.loss_fn, tpu_course.train.make_train_step
+# Same code as tpu_course.train_step.loss_fn, tpu_course.train_step.make_train_step
 def loss_fn(params, graphdef, batch, compute_dtype=None):
     """Weighted mean cross-entropy of a batch, and the float32 logits: ``(loss, logits)``.
 
@@ -350,7 +350,7 @@ print(f"loss {float(metrics['loss']):.4f} (pure) vs {float(loss):.4f} (NNX); "
 # (the last batch is padded with zero-weight examples: no test image is dropped).
 
 # %%
-# Same code as tpu_course.train.make_eval_step
+# Same code as tpu_course.train_step.make_eval_step
 def make_eval_step(model_or_graphdef, *, compute_dtype=None):
     """The pure eval step ``(params, batch) -> {'correct', 'loss_sum', 'count'}`` (sums).
 
@@ -408,7 +408,7 @@ for mode in ("drop", "pad"):
 # travelling while step i runs: the chip does not wait for the host.
 
 # %%
-# Same code as tpu_course.train.prefetch_to_device
+# Same code as tpu_course.pipelines.prefetch_to_device
 def prefetch_to_device(iterator, depth=2, device=None):
     """Yield the items of ``iterator`` as device arrays, ``depth`` transfers ahead.
 

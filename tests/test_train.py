@@ -219,6 +219,14 @@ def test_fit_tiny_config_learns(pipeline):
     assert h.steps[-1][1] < h.steps[0][1]  # loss every log_every steps goes down
     assert h.test_accuracy[-1] > 0.5 and h.train_loss[1] < h.train_loss[0]
     assert h.images_trained == 2 * (384 // 64) * 64
+    assert [e.step for e in h.epochs] == [6, 12]  # where History.plot puts each test accuracy
+    if pipeline == "prefetch":
+        import matplotlib
+
+        matplotlib.use("Agg")
+        ax = h.plot()
+        assert ax[1].lines[0].get_xdata().tolist() == [6, 12]
+        assert ax[0].lines[0].get_xdata().tolist() == [s[0] for s in h.steps]
     assert h.compile_time_s > 0 and h.train_time_s > 0 and h.images_per_s > 0
     assert isinstance(h.model, models.MLP)
     ev = train.evaluate(h.model, synthetic().test_images, synthetic().test_labels)
@@ -242,18 +250,23 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
     graphdef, state = train.init_state(small_mlp(), tx)
     step = jax.jit(train.make_train_step(graphdef, tx))
     state, _ = step(state, batch)
-    train.save_checkpoint(tmp_path / "c.npz", state, {"note": "after one step"})
+    train.save_checkpoint(tmp_path / "c", state, {"note": "after one step"})
     uninterrupted, m1 = step(state, batch)
     fresh = train.init_state(small_mlp(), tx)[1]
-    restored, meta = train.restore_checkpoint(tmp_path / "c.npz", fresh)
+    restored, meta = train.restore_checkpoint(tmp_path / "c", fresh)
     assert meta == {"note": "after one step"} and int(restored.step) == 1
     resumed, m2 = step(restored, batch)
     assert float(m1["loss"]) == float(m2["loss"])
     for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed)):
         np.testing.assert_array_equal(a, b)
     other = train.init_state(models.MLP(hidden=(16,), rngs=nnx.Rngs(0)), tx)[1]
-    with pytest.raises(ValueError, match="expected"):
-        train.restore_checkpoint(tmp_path / "c.npz", other)
+    with pytest.raises(ValueError, match=r"\['bias'\].* is \[32\] float32 there, expected \[16\] float32"):
+        train.restore_checkpoint(tmp_path / "c", other)
+    with pytest.raises(ValueError, match="no checkpoint of step 7"):
+        train.restore_checkpoint(tmp_path / "c", fresh, step=7)
+    with pytest.raises(ValueError, match="no checkpoint directory"):
+        train.restore_checkpoint(tmp_path / "absent", fresh)
+    assert not (tmp_path / "absent").exists()
 
 
 @pytest.mark.parametrize("pipeline", ["device", "prefetch"])
@@ -270,6 +283,12 @@ def test_fit_resumes_from_checkpoint_bit_for_bit(tmp_path, pipeline):
     assert resumed.train_loss == whole.train_loss
     for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(whole.state)):
         np.testing.assert_array_equal(a, b)
+    # A different run may not continue this one, nor a fresh run overwrite it.
+    with pytest.raises(ValueError, match=r"different run: learning_rate=0.001 there, 0.002 here"):
+        train.fit(cfg.replace(learning_rate=2e-3), data=synthetic(), checkpoint_dir=tmp_path / "r",
+                  resume=True)
+    with pytest.raises(ValueError, match="already holds checkpoints.*resume=True"):
+        train.fit(cfg, data=synthetic(), checkpoint_dir=tmp_path / "r")
 
 
 def test_config_rejects_unknown_choices():
@@ -277,7 +296,46 @@ def test_config_rejects_unknown_choices():
         train.TrainConfig(pipeline="tfdata")
     with pytest.raises(ValueError, match="batch_size"):
         train.TrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="optimizer"):
+        train.TrainConfig(optimizer="lbfgs")
+    with pytest.raises(ValueError, match="shuffle=False needs pipeline='prefetch'"):
+        train.TrainConfig(pipeline="device", shuffle=False)
     assert train.TrainConfig.quick().epochs <= train.TrainConfig().epochs
+
+
+def test_sgd_in_order_is_plain_sgd_on_the_first_batches():
+    """optimizer='sgd', shuffle=False: fit's loop takes the first batches in order and
+    applies plain SGD (what parallel.train_chapter5 relies on)."""
+    ds = synthetic(128, 8)
+    cfg = TINY.replace(optimizer="sgd", learning_rate=0.05, shuffle=False, epochs=1,
+                       pipeline="prefetch", log_every=1, mlp_hidden=(32,))
+    h = train.fit(cfg, data=ds)
+    tx = optax.sgd(0.05)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    step = jax.jit(train.make_train_step(graphdef, tx))
+    want = []
+    for i in range(2):
+        sl = slice(64 * i, 64 * (i + 1))
+        state, m = step(state, train.Batch(ds.train_images[sl], ds.train_labels[sl], np.ones(64, np.float32)))
+        want.append(float(m["loss"]))
+    np.testing.assert_allclose([s[1] for s in h.steps], want, rtol=1e-6)
+
+
+def test_command_line_turns_flags_into_the_config(monkeypatch, capsys):
+    from tpu_course import train_cli
+
+    seen, real_fit = {}, train.fit
+
+    def fake_fit(config, **kwargs):  # the flags' config, recorded; a tiny run, printed
+        seen.update(config=config, **kwargs)
+        return real_fit(TINY.replace(epochs=1, pipeline="prefetch"), data=synthetic())
+
+    monkeypatch.setattr(train, "fit", fake_fit)
+    assert train_cli.main(["--quick", "--epochs", "1", "--bf16", "--pipeline", "device",
+                           "--checkpoint-dir", "ck", "--resume"]) == 0
+    assert seen["config"] == train.TrainConfig.quick(epochs=1, compute_dtype="bfloat16", pipeline="device")
+    assert seen["checkpoint_dir"] == "ck" and seen["resume"] is True
+    assert "test accuracy" in capsys.readouterr().out
 
 
 def test_time_steps_threads_a_donated_state_and_counts_images():

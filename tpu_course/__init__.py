@@ -26,8 +26,9 @@ REPOSITORY = "tpu-course/tpu-course"
 #: Every submodule, loaded on first use (tests/test_registries.py checks it against the files).
 _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "plans", "costs", "runtime",
-    "data", "aot", "hlo_text", "hlo", "bench", "transfer", "models", "train", "parallel",
-    "parity", "viz", "checks",
+    "data", "aot", "hlo_text", "hlo", "bench", "transfer", "models", "train_step", "pipelines",
+    "evaluation", "train_config", "history", "checkpoints", "train", "train_cli", "parallel",
+    "multihost", "parity", "viz", "checks",
 )
 
 

@@ -13,6 +13,8 @@ What is here:
   (replicated), ``"fsdp"`` (first divisible axis sharded) or ``"tp"`` (Megatron:
   alternate layers split by columns then rows), and the chapter-5 train step jitted
   with those shardings. The step is unchanged: only the layouts differ.
+  :func:`train_chapter5` runs chapter 5's own loop (``train.fit``) under a strategy
+  (:func:`strategy_placement`).
 * :func:`sharded_block_step`: one SGD step of a two-matrix MLP block under DP, FSDP or
   TP by annotations only (``jax.jit`` shardings; XLA inserts the collectives), and
   :func:`mlp_block_step`: the same three strategies written by hand with the public
@@ -23,23 +25,16 @@ What is here:
   picture in numpy.
 * :func:`gpipe_forward`: a GPipe forward pass over a ``stage`` axis, returning the
   timeline of which stage worked on which micro-batch at each tick (the bubble).
-* :func:`launch_local`: run this module's multi-process worker (``python -m
-  tpu_course.parallel``) as several processes on 127.0.0.1 with ``jax.distributed``
-  and gloo CPU collectives, with a hard timeout.
+* ``launch_local``, ``LaunchError``, ``train_data_parallel``: served from
+  :mod:`tpu_course.multihost` (several processes with ``jax.distributed``).
 
 Importing this module imports JAX but starts no backend.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
+import types
 from typing import Any, Callable, Sequence
 
 import jax
@@ -203,6 +198,28 @@ def batch_spec(strategy: str, axis: str) -> P:
     return P() if strategy == "tp" else P(axis)
 
 
+def strategy_placement(strategy: str | None, mesh: Mesh | None,
+                       axis: str | None = None) -> Callable[[Any], Any]:
+    """Where a run under ``strategy`` keeps its state, batches and metrics on ``mesh``.
+
+    Returns ``placement(state) -> train.Placement``, the ``placement`` argument of
+    ``train.fit``. ``strategy=None`` is the single-device reference: everything on the
+    first device of ``mesh`` (or the default device without one), so that it runs on the
+    same platform as the sharded runs it is compared with.
+    """
+    from tpu_course.pipelines import Placement
+
+    if strategy is None:
+        device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+        one = jax.sharding.SingleDeviceSharding(device)
+        return lambda state: Placement(one, one, one)
+    if mesh is None:
+        raise errors.CourseValueError(f"a {strategy!r} run needs a mesh (parallel.make_mesh)")
+    axis = axis or mesh.axis_names[0]
+    batch, scalars = NamedSharding(mesh, batch_spec(strategy, axis)), NamedSharding(mesh, P())
+    return lambda state: Placement(state_shardings(strategy, state, mesh, axis), batch, scalars)
+
+
 def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mesh,
                             axis: str | None = None) -> tuple[Callable, Any, Any]:
     """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's shardings.
@@ -213,12 +230,10 @@ def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mes
     gradients, for FSDP all-gathers of the parameters (and, on TPU, reduce-scatters of
     the gradients), for TP all-reduces of activations.
     """
-    axis = axis or mesh.axis_names[0]
-    s_state = state_shardings(strategy, state, mesh, axis)
-    s_batch = NamedSharding(mesh, batch_spec(strategy, axis))
-    rep = NamedSharding(mesh, P())
-    jitted = jax.jit(step, in_shardings=(s_state, s_batch), out_shardings=(s_state, rep))
-    return jitted, s_state, s_batch
+    place = strategy_placement(strategy, mesh, axis)(state)
+    jitted = jax.jit(step, in_shardings=(place.state, place.batch),
+                     out_shardings=(place.state, place.scalars))
+    return jitted, place.state, place.batch
 
 
 def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
@@ -226,41 +241,30 @@ def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
                    hidden: Sequence[int] = (128, 64), lr: float = 0.05, seed: int = 0) -> list[float]:
     """Train the chapter-5 ``models.MLP`` for ``steps`` SGD steps; return the losses.
 
-    ``strategy=None`` is the single-device reference (plain ``jax.jit`` on the first
-    device of ``mesh``, or the default device without one: comparing a TPU run with a
-    CPU mesh would compare bf16 matmul passes with fp32 ones); otherwise the same step under :func:`make_sharded_train_step` on ``mesh``.
-    The batches are the first ``steps x batch_size`` images in order, so every run sees
-    the same data: the losses must agree to float rounding.
+    Chapter 5's loop, ``train.fit``, with a ``TrainConfig`` for plain SGD on the first
+    ``steps x batch_size`` images in order (no shuffle), so every run sees the same
+    data, placed by :func:`strategy_placement`: ``strategy=None`` is the single-device
+    reference (on the first device of ``mesh``: comparing a TPU run with a CPU mesh
+    would compare bf16 matmul passes with fp32 ones), otherwise the step is jitted with
+    the strategy's shardings on ``mesh``. The losses must agree to float rounding.
     """
-    import optax
-    from flax import nnx
+    from tpu_course import train
 
-    from tpu_course import models, train
-
-    tx = optax.sgd(lr)
-    model = models.MLP(hidden=tuple(hidden), rngs=nnx.Rngs(seed))
-    graphdef, state = train.init_state(model, tx)
-    step = train.make_train_step(graphdef, tx)
-    if strategy is None:  # on the mesh's first device when a mesh is given (same platform)
-        dev = mesh.devices.flat[0] if mesh is not None else None
-        fn = jax.jit(step)
-        if dev is not None:
-            state = jax.device_put(state, dev)
-        put = (lambda b: jax.device_put(b, dev)) if dev is not None else (lambda b: b)  # noqa: E731
-    else:
-        if mesh is None:
-            raise errors.CourseValueError("a sharded run needs a mesh")
-        fn, s_state, s_batch = make_sharded_train_step(step, strategy, state, mesh)
-        state = jax.device_put(state, s_state)
-        put = lambda b: jax.device_put(b, s_batch)  # noqa: E731
-    weights = np.ones((batch_size,), np.float32)
-    losses = []
-    for i in range(steps):
-        sl = slice(i * batch_size, (i + 1) * batch_size)
-        batch = train.Batch(images[sl], labels[sl].astype(np.int32), weights)
-        state, metrics = fn(state, put(batch))
-        losses.append(float(metrics["loss"]))
-    return losses
+    steps = errors.check_int("steps", steps, low=1)
+    batch_size = errors.check_int("batch_size", batch_size, low=1)
+    if steps * batch_size > len(images):
+        raise errors.CourseValueError(f"{steps} steps of {batch_size} need {steps * batch_size} "
+                                      f"images, {len(images)} were given")
+    config = train.TrainConfig(model="mlp", mlp_hidden=tuple(hidden), optimizer="sgd",
+                               learning_rate=lr, seed=seed, epochs=1, batch_size=batch_size,
+                               max_train_examples=steps * batch_size, shuffle=False,
+                               pipeline="prefetch", eval_batch_size=batch_size, log_every=1,
+                               progress=False)
+    # Evaluation is not what this compares: the first batch stands in for a test set.
+    data = types.SimpleNamespace(train_images=images, train_labels=labels,
+                                 test_images=images[:batch_size], test_labels=labels[:batch_size])
+    history = train.fit(config, data=data, placement=strategy_placement(strategy, mesh))
+    return [loss for _, loss, _ in history.steps]
 
 
 # ------------------------------------------------- the MLP block, collectives by hand
@@ -505,192 +509,19 @@ def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax
 
 # ----------------------------------------------------------------- several processes
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: Names that moved to :mod:`tpu_course.multihost`, still served here (``parallel.launch_local``).
+_MULTIHOST = ("LaunchError", "free_port", "launch_local", "multihost_problem", "train_data_parallel")
 
 
-class LaunchError(errors.CourseError, RuntimeError):
-    """A multi-process run failed: a rank exited with an error, or the run overran.
+def __getattr__(name: str) -> Any:
+    if name in _MULTIHOST:
+        from tpu_course import multihost
 
-    ``rank`` is the first rank that failed (``None`` when the run timed out),
-    ``exit_code`` its exit code, ``stderr_tail`` the last lines it wrote to stderr, and
-    ``pids`` the process ids of every rank (all of them ended when this is raised).
-    """
-
-    def __init__(self, message: str, *, rank: int | None = None, exit_code: int | None = None,
-                 stderr_tail: str = "", pids: Sequence[int] = ()):
-        super().__init__(message)
-        self.rank, self.exit_code, self.stderr_tail, self.pids = rank, exit_code, stderr_tail, tuple(pids)
+        return getattr(multihost, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+if __name__ == "__main__":  # the worker's old command line, kept: python -m tpu_course.parallel
+    from tpu_course.multihost import main
 
-
-def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 3.0) -> None:
-    """End every process still running: SIGTERM, then SIGKILL after ``grace_s``."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def launch_local(num_processes: int = 2, local_devices: int = 2, steps: int = 5,
-                 timeout_s: float = 120.0, extra_args: Sequence[str] = ()) -> list[dict]:
-    """Run the multi-process worker as ``num_processes`` processes on 127.0.0.1.
-
-    Each process is ``python -m tpu_course.parallel --process-id i ...`` with
-    ``local_devices`` CPU devices, joined by ``jax.distributed.initialize`` through a
-    coordinator on a free port, with gloo CPU collectives. The ranks inherit this
-    process's environment (``PYTHONPATH`` included, with this copy of ``tpu_course``
-    first). Returns each process's JSON result.
-
-    Every rank is watched: as soon as one exits with an error, the others are stopped
-    (within a few seconds) and :class:`LaunchError` names the rank, its exit code and the
-    last lines of its stderr. A rank that hangs ends the run at ``timeout_s``; every
-    process is stopped before the error is raised, so nothing is left running.
-
-    On a TPU pod slice the same worker runs once per host, started on all hosts at once::
-
-        gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all \\
-            --command="python -m tpu_course.parallel --steps 5"
-
-    (there ``jax.distributed.initialize()`` needs no arguments: it reads the slice's
-    metadata).
-    """
-    num_processes = errors.check_int("num_processes", num_processes, low=1)
-    local_devices = errors.check_int("local_devices", local_devices, low=1)
-    steps = errors.check_int("steps", steps, low=1)
-    timeout_s = errors.check_number("timeout_s", timeout_s, low=0, low_open=True)
-    port = free_port()
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    procs: list[subprocess.Popen] = []
-    files = []
-    try:
-        for i in range(num_processes):
-            cmd = [sys.executable, "-m", "tpu_course.parallel", "--coordinator",
-                   f"127.0.0.1:{port}", "--num-processes", str(num_processes),
-                   "--process-id", str(i), "--steps", str(steps), *extra_args]
-            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            files.append((out, err))
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env))
-        deadline = time.monotonic() + timeout_s
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is None and time.monotonic() > deadline:
-                hung = [i for i, p in enumerate(procs) if p.poll() is None]
-                _stop(procs)
-                raise LaunchError(
-                    f"multi-process run exceeded {timeout_s:g} s: rank(s) {hung} still running "
-                    f"(hung), so all {num_processes} processes were killed. Check that every "
-                    "rank started and can reach the coordinator port.",
-                    pids=[p.pid for p in procs])
-            time.sleep(0.05)
-        if failed is None:  # all ended: any failure is among them
-            failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
-        _stop(procs)
-        texts = []
-        for out, err in files:
-            out.seek(0), err.seek(0)
-            texts.append((out.read(), err.read()))
-        if failed is not None:
-            code = procs[failed].returncode
-            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-            tail = _tail(texts[failed][1])
-            others = [i for i in range(num_processes) if i != failed]
-            raise LaunchError(
-                f"rank {failed} of {num_processes} failed with {how}; the other rank(s) "
-                f"{others} were stopped. Last lines of its stderr:\n{tail or '(nothing)'}",
-                rank=failed, exit_code=code, stderr_tail=tail, pids=[p.pid for p in procs])
-        results = []
-        for i, (out, err) in enumerate(texts):
-            lines = out.strip().splitlines()
-            try:
-                results.append(json.loads(lines[-1]))
-            except (IndexError, ValueError):
-                raise LaunchError(f"rank {i} exited cleanly but printed no JSON result; its "
-                                  f"stderr ends:\n{_tail(err) or '(nothing)'}", rank=i,
-                                  exit_code=0, stderr_tail=_tail(err),
-                                  pids=[p.pid for p in procs]) from None
-        return results
-    finally:
-        _stop(procs)
-        for out, err in files:
-            out.close(), err.close()
-
-
-def multihost_problem(seed: int = 0, batch: int = 32, d_model: int = 16, d_ff: int = 64,
-                      steps: int = 5) -> tuple[dict, np.ndarray, np.ndarray]:
-    """The small regression every process (and the single-process reference) trains on."""
-    params = mlp_block_params(d_model, d_ff, seed)
-    rng = np.random.default_rng(seed + 1)
-    x = rng.standard_normal((steps, batch, d_model)).astype(np.float32)
-    y = np.tanh(x @ rng.standard_normal((d_model, d_model)).astype(np.float32))
-    return params, x, y
-
-
-def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
-                        process_count: int = 1, lr: float = 0.1) -> dict:
-    """DP training of the MLP block over every device of ``mesh`` (all processes).
-
-    Each process holds only its slice of every global batch and hands it to
-    ``jax.make_array_from_process_local_data``, which assembles the global array.
-    """
-    params, x, y = multihost_problem(steps=steps)
-    axis = mesh.axis_names[0]
-    pspec, xspec = mlp_block_specs("dp", axis)
-    step = mlp_block_step("dp", mesh, lr)
-    p = place(params, mesh, pspec)
-    sharding = NamedSharding(mesh, xspec)
-    per = x.shape[1] // process_count
-    rows = slice(process_index * per, (process_index + 1) * per)
-    losses = []
-    for t in range(steps):
-        xb = jax.make_array_from_process_local_data(sharding, x[t, rows], x.shape[1:])
-        yb = jax.make_array_from_process_local_data(sharding, y[t, rows], y.shape[1:])
-        p, loss = step(p, xb, yb)
-        losses.append(float(loss))
-    from jax.experimental import multihost_utils
-
-    w1 = np.asarray(multihost_utils.process_allgather(p["w1"], tiled=True))
-    return {"losses": losses, "w1_sum": float(np.sum(w1, dtype=np.float64))}
-
-
-def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Chapter 6 multi-process worker: DP training "
-                                 "of an MLP block with jax.distributed.")
-    ap.add_argument("--coordinator", default=None, help="host:port of process 0 (omit on a TPU pod)")
-    ap.add_argument("--num-processes", type=int, default=None)
-    ap.add_argument("--process-id", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=5)
-    a = ap.parse_args(argv)
-    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        # CPU devices of different processes talk through gloo (JAX's default on recent
-        # versions; set explicitly for older ones).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
-    mesh = make_mesh((jax.device_count(),), ("data",))
-    out = train_data_parallel(mesh, a.steps, jax.process_index(), jax.process_count())
-    out.update(process_index=jax.process_index(), process_count=jax.process_count(),
-               local_devices=jax.local_device_count(), global_devices=jax.device_count())
-    print(json.dumps(out))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""``python -m tpu_course.train_cli``: train a chapter-5 model from the command line.
+
+Thin on purpose (as flax's ``examples/mnist`` keeps ``main.py``): it turns flags into a
+``TrainConfig``, calls ``train.fit`` and prints the history. ``--quick`` is the 2-core
+CPU preset; ``--checkpoint-dir DIR`` saves every epoch and ``--resume`` continues there.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tpu_course import train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpu_course.train_cli", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the 2-core CPU preset")
+    parser.add_argument("--dataset", default=None, choices=("mnist", "fashion_mnist"))
+    parser.add_argument("--pipeline", default=None, choices=tuple(train.PIPELINES))
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 compute, float32 parameters")
+    parser.add_argument("--checkpoint-dir", default=None, help="save the state there after every epoch")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    args = parser.parse_args(argv)
+    config = train.TrainConfig.quick() if args.quick else train.TrainConfig()
+    changes = {k: v for k, v in (("dataset", args.dataset), ("pipeline", args.pipeline),
+                                 ("epochs", args.epochs)) if v is not None}
+    if args.bf16:
+        changes["compute_dtype"] = "bfloat16"
+    history = train.fit(config.replace(**changes), checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+    print(history.summary())
+    print(history.table())
+    print(train.time_to_accuracy(history, 0.976))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
