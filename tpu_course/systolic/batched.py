@@ -11,6 +11,7 @@ holds these engines equal to the cycle-by-cycle ones in :mod:`.engines`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,17 @@ from tpu_course.systolic.results import EngineRun
 # Bigger batches mean fewer Python-level steps; on a 2-core EPYC 8-16 folds of 128 x 128
 # were equally fast (bench/bench_systolic.py) and 1-2 folds clearly slower.
 _BATCH_CELLS = 1 << 18
+
+
+def batches(n_rows: int, n_cols: int, R: int, C: int) -> Iterator[tuple[range, range]]:
+    """Batches of at most ``_BATCH_CELLS`` cells of an ``n_rows x n_cols`` grid of R x C
+    folds, as (row tiles, column tiles): row tiles outer, as many of them as fit (folds
+    of one row tile receive the same stream), then the column tiles that still fit."""
+    r_per = min(n_rows, max(1, _BATCH_CELLS // (R * C)))
+    c_per = max(1, _BATCH_CELLS // (r_per * R * C))
+    for r0 in range(0, n_rows, r_per):
+        for c0 in range(0, n_cols, c_per):
+            yield range(r0, min(n_rows, r0 + r_per)), range(c0, min(n_cols, c0 + c_per))
 
 
 def stream_tags(T: int, R: int, C: int) -> dict[str, Any]:
@@ -139,19 +151,14 @@ def run_stationary(df: Dataflow, x: np.ndarray, s: np.ndarray, R: int, C: int,
     #    activation stream, so in every cycle of their timelines their activation
     #    registers hold the same values: a batch keeps one copy of them per K tile.
     out = np.zeros((T, nd), dt)
-    kb_per = min(nkb, max(1, _BATCH_CELLS // (R * C)))
-    nb_per = max(1, _BATCH_CELLS // (kb_per * R * C))
-    for kb0 in range(0, nkb, kb_per):
-        KB = min(kb_per, nkb - kb0)
-        bfeed = feed[kb0:kb0 + KB].transpose(1, 0, 2).copy()     # (cycle, K tile, row)
-        for nb0 in range(0, nnb, nb_per):
-            NB = min(nb_per, nnb - nb0)
-            fidx = (np.arange(nb0, nb0 + NB)[:, None] * nkb + np.arange(kb0, kb0 + KB)[None, :])
-            res = stream_batch(bfeed, shadow[fidx], tags, uu, jj, T, R, C)
-            for b_nb, nb in enumerate(range(nb0, nb0 + NB)):   # K tiles in order: the
-                sl = slice(nb * C, min(nd, nb * C + C))         # same order as accumulating
-                for b_kb in range(KB):
-                    out[:, sl] = out[:, sl] + res[b_nb, b_kb, :, :sl.stop - sl.start]
+    bfeed = feed.transpose(1, 0, 2).copy()      # (cycle, K tile, row)
+    for kbs, nbs in batches(nkb, nnb, R, C):
+        fidx = np.array(nbs)[:, None] * nkb + np.array(kbs)[None, :]
+        res = stream_batch(bfeed[:, kbs.start:kbs.stop], shadow[fidx], tags, uu, jj, T, R, C)
+        for b_nb, nb in enumerate(nbs):          # K tiles in order: the
+            sl = slice(nb * C, min(nd, nb * C + C))   # same order as accumulating
+            for b_kb in range(len(kbs)):
+                out[:, sl] = out[:, sl] + res[b_nb, b_kb, :, :sl.stop - sl.start]
     # -- controller: place the folds' observed timelines on one clock
     load_start, stream_start = [0] * F, [0] * F
     for f in range(F):
@@ -289,14 +296,9 @@ def run_os(df: Dataflow, a: np.ndarray, b: np.ndarray, R: int, C: int, timing: s
     bfeed = np.zeros((U, nnb, C), dt)            # (cycle, column tile, column)
     bfeed[:K + C - 1] = skewed_feed(b, C).transpose(1, 0, 2)
     y = np.zeros((nnb, nmb, R, C), dt)           # folds in order: column tile outer
-    mb_per = min(nmb, max(1, _BATCH_CELLS // (R * C)))
-    nb_per = max(1, _BATCH_CELLS // (mb_per * R * C))
-    for mb0 in range(0, nmb, mb_per):
-        MB = min(mb_per, nmb - mb0)
-        for nb0 in range(0, nnb, nb_per):
-            NB = min(nb_per, nnb - nb0)
-            y[nb0:nb0 + NB, mb0:mb0 + MB] = os_batch(afeed[:, mb0:mb0 + MB],
-                                                     bfeed[:, nb0:nb0 + NB], K, R, C)
+    for mbs, nbs in batches(nmb, nnb, R, C):
+        y[nbs.start:nbs.stop, mbs.start:mbs.stop] = os_batch(
+            afeed[:, mbs.start:mbs.stop], bfeed[:, nbs.start:nbs.stop], K, R, C)
     # -- controller: place the folds' timelines on one clock
     last_issue = int(np.flatnonzero(issue_tag)[-1])
     stream_start = [0] * F
