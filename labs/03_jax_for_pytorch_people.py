@@ -240,7 +240,7 @@ checks.ch03.check_per_example_norms(per_example_grad_norms)
 # 6 parameters after the step) and names the first that differs and how.
 
 # %% tags=["nbval-ignore-output"]
-ref = parity.reference()       # live PyTorch when installed, else the stored arrays
+ref = checks.ch03.reference()  # live PyTorch when installed, else the stored arrays
 print(ref)
 print({k: v.shape for k, v in ref.torch_state_dict.items()})
 

@@ -638,7 +638,8 @@ print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
 # forward hooks and converts everything to JAX's conventions (a `Linear` weight is
 # (out, in), a Dense kernel (in, out); a `Conv2d` weight is OIHW and its activations
 # NCHW, JAX's are HWIO and NHWC). The comparison itself needs only numpy, so it runs
-# without torch against a stored reference. Our subject is a small CNN:
+# without torch against a stored reference. Our subject is a small CNN, lab 3's model
+# (it comes with the lab's checker, `tpu_course.checks.ch03`):
 #
 # ```python
 # model = nn.Sequential(OrderedDict(
@@ -649,7 +650,9 @@ print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
 # ```
 
 # %% tags=["nbval-ignore-output"]
-ref = parity.reference()          # live PyTorch when installed, else the stored arrays
+from tpu_course.checks import ch03
+
+ref = ch03.reference()            # live PyTorch when installed, else the stored arrays
 print(ref)
 print("model:", {k: ref.meta[k] for k in ("batch", "channels", "size", "hidden", "classes",
                                           "optimizer", "lr")})

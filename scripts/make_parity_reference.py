@@ -4,7 +4,7 @@
 
 The course runs without PyTorch: the notebook and the lab's checker then compare a JAX
 port with the arrays stored here. Anyone with torch can rerun this script to regenerate
-them (the model, the seed and the optimizer are in ``tpu_course.parity.LAB_CONFIG``), and
+them (the model, the seed and the optimizer are in ``tpu_course.checks.ch03.LAB_CONFIG``), and
 ``tests/test_parity.py`` checks that a live run still matches the stored file.
 """
 
@@ -19,15 +19,16 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from tpu_course import parity  # noqa: E402
+from tpu_course.checks import ch03  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, default=parity.LAB_CONFIG["seed"])
+    parser.add_argument("--seed", type=int, default=ch03.LAB_CONFIG["seed"])
     parser.add_argument("--out", type=pathlib.Path,
-                        default=parity.REFERENCE_DIR / f"{parity.LAB_CONFIG['name']}.npz")
+                        default=parity.REFERENCE_DIR / f"{ch03.LAB_CONFIG['name']}.npz")
     args = parser.parse_args(argv)
-    arrays = parity.make_reference(args.seed)
+    arrays = ch03.make_reference(args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **arrays)
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {len(arrays)} arrays)")

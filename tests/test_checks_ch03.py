@@ -273,4 +273,22 @@ def test_port_live_against_torch():
     r = ch03.check_port(convert_good, forward, loss, make_step(loss, optimizer), optimizer,
                         live=True)
     assert r, r.message
-    assert parity.reference().source.startswith("live: torch")
+    assert ch03.reference().source.startswith("live: torch")
+
+
+# ------------------------------------------------------------ the lab's reference
+
+
+def test_live_torch_matches_stored_reference():
+    pytest.importorskip("torch")
+    live = ch03.reference(live=True)
+    assert live.source.startswith("live: torch")
+    report = parity.compare(parity.load_reference(ch03.LAB_CONFIG["name"]).expected, live.expected)
+    assert report.passed, str(report)
+
+
+def test_reference_without_torch_says_so(monkeypatch):
+    monkeypatch.setattr(parity, "torch_available", lambda: False)
+    r = ch03.reference()
+    assert r.source.startswith("stored:")
+    assert r.meta["lr"] == ch03.LAB_CONFIG["lr"] and r.meta["name"] == ch03.LAB_CONFIG["name"]

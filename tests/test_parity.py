@@ -256,14 +256,6 @@ def test_stored_reference_is_small():
 
 # ---------------------------------------------------------------------- live torch
 
-def test_live_torch_matches_stored_reference(ref):
-    pytest.importorskip("torch")
-    live = parity.reference(live=True)
-    assert live.source.startswith("live: torch")
-    report = parity.compare(ref.expected, live.expected)
-    assert report.passed, str(report)
-
-
 def test_torch_trace_of_other_layers_matches_a_jax_port():
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -297,12 +289,6 @@ def test_torch_trace_rejects_unknown_layers():
     model = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
     with pytest.raises(TypeError, match="BatchNorm1d"):
         parity.torch_trace(model, torch.zeros(2, 3))
-
-
-def test_reference_without_torch_says_so(monkeypatch):
-    monkeypatch.setattr(parity, "torch_available", lambda: False)
-    r = parity.reference()
-    assert r.source.startswith("stored:")
 
 
 def test_report_renders_every_row_as_text_and_html(ref):

@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpu_course import systolic as S
+from tpu_course.systolic import batched
+from tpu_course.systolic.batched import os_tags, stream_tags
 
 DATA = pathlib.Path(__file__).parent / "data" / "scalesim_cases.json"
 
@@ -73,7 +75,7 @@ def test_peak_utilisation_is_one_exactly_when_a_full_tile_fills_the_pipeline(mkn
     rows, cols = rc
     a, b = _ints(m, k, n)
     run = S.simulate(a, b, rows, cols, dataflow, "scalesim")
-    d_r, d_c, t = {"ws": (k, n, m), "is": (k, m, n), "os": (m, n, k)}[dataflow]
+    d_r, d_c, t = S.DATAFLOW[dataflow].dims(m, k, n)
     full_tile = d_r >= rows and d_c >= cols
     pipeline_full = t >= rows + cols - 1
     assert (run.peak_utilization == 1.0) == (full_tile and pipeline_full)
@@ -264,7 +266,7 @@ def _observed(run):
 
 
 @settings(max_examples=60, deadline=None)
-@given(shapes, arrays, st.sampled_from(["ws", "is"]), timings, st.sampled_from([0, 1, 7, 40]))
+@given(shapes, arrays, dataflows, timings, st.sampled_from([0, 1, 7, 40]))
 def test_batched_engine_equals_cycle_by_cycle_engine(mkn, rc, dataflow, timing, batch_cells):
     """trace=False advances batches of folds per step; trace=True runs one array cycle by
     cycle. Same values (bit for bit), same observed cycles, phases, traffic, MACs per cycle,
@@ -275,7 +277,7 @@ def test_batched_engine_equals_cycle_by_cycle_engine(mkn, rc, dataflow, timing, 
     b = rng.standard_normal((k, n)).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
         if batch_cells:
-            mp.setattr(S, "_BATCH_CELLS", batch_cells)
+            mp.setattr(batched, "_BATCH_CELLS", batch_cells)
         fast = S.simulate(a, b, *rc, dataflow=dataflow, timing=timing)
     slow = S.simulate(a, b, *rc, dataflow=dataflow, timing=timing, trace=True)
     assert fast.trace is None
@@ -283,27 +285,52 @@ def test_batched_engine_equals_cycle_by_cycle_engine(mkn, rc, dataflow, timing, 
     assert _observed(fast) == _observed(slow)
 
 
-def test_batched_engine_on_a_many_fold_problem():
+@pytest.mark.parametrize("dataflow, folds", [("ws", 5 * 4), ("os", 3 * 4)])
+def test_batched_engine_on_a_many_fold_problem(dataflow, folds):
     """Several batches of an 8x8 array (monkeypatched batch size), partial tiles on both
     axes: equal to the cycle-by-cycle engine and to the same-order reference."""
     rng = np.random.default_rng(3)
     a = rng.standard_normal((21, 37)).astype(np.float32)
     b = rng.standard_normal((37, 29)).astype(np.float32)
-    slow = S.simulate(a, b, 8, 8, "ws", "tpu", trace=True)
+    slow = S.simulate(a, b, 8, 8, dataflow, "tpu", trace=True)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(S, "_BATCH_CELLS", 3 * 64)      # 3 folds per batch: K tiles split
-        fast = S.simulate(a, b, 8, 8, "ws", "tpu")
-    np.testing.assert_array_equal(fast.result, S.reference_matmul(a, b, 8))
+        mp.setattr(batched, "_BATCH_CELLS", 3 * 64)      # 3 folds per batch: tiles split
+        fast = S.simulate(a, b, 8, 8, dataflow, "tpu")
+    np.testing.assert_array_equal(fast.result, S.reference_matmul(a, b, 8, dataflow=dataflow))
     np.testing.assert_array_equal(fast.result, slow.result)
     assert _observed(fast) == _observed(slow)
-    assert fast.folds == 5 * 4
+    assert fast.folds == folds
+
+
+@pytest.mark.parametrize("dataflow", S.DATAFLOWS)
+def test_the_dataflow_table_says_what_stays_in_the_cells(dataflow):
+    """On an array exactly the size of one fold, the table's rows/cols extents give the
+    fold grid (1 x 1), and what the trace shows held in the cells at the end is the
+    operand the table says stays: b for "ws", a transposed for "is", the outputs for "os"."""
+    m, k, n = 3, 4, 2
+    a, b = _ints(m, k, n)
+    df = S.DATAFLOW[dataflow]
+    rows, cols, _ = df.dims(m, k, n)
+    run = S.simulate(a, b, rows, cols, dataflow, trace=True)
+    assert run.fold_grid == (1, 1) and run.stationary_reads == (rows * cols if df.preload else 0)
+    held = {"ws": b, "is": a.T, "os": a @ b}[dataflow]
+    np.testing.assert_array_equal(run.trace[-1].held, held)
+
+
+@pytest.mark.parametrize("K, R, C", [(1, 1, 1), (5, 3, 4), (2, 6, 3), (40, 8, 5)])
+def test_os_tags_follow_the_documented_schedule(K, R, C):
+    """Output-stationary operands enter for K cycles; the corner cell's last MAC is at
+    K - 1 + R - 1 + C - 1 (the module docstring's schedule)."""
+    issue, done = os_tags(K, R, C)
+    assert issue.nonzero()[0].tolist() == list(range(K))
+    assert done == K - 1 + R - 1 + C - 1
 
 
 @pytest.mark.parametrize("T, R, C", [(1, 1, 1), (5, 3, 4), (2, 6, 3), (40, 8, 5)])
 def test_stream_tags_follow_the_documented_schedule(T, R, C):
     """The tags' observed events against the module docstring: vector i enters row k at
     i + k; result (i, j) leaves the bottom of column j at i + R - 1 + j."""
-    tags = S._stream_tags(T, R, C)
+    tags = stream_tags(T, R, C)
     assert tags["issue"].nonzero()[0].tolist() == list(range(T))
     assert tags["first_out"] == R - 1 and tags["last_out"] == T - 1 + R - 1 + C - 1
     for j in range(C):

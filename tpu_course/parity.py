@@ -21,8 +21,7 @@ Everything is a flat mapping of *names* to numpy arrays, in JAX's conventions:
 
 The comparison (:func:`compare`) and the diagnosis (:func:`diagnose`) need numpy only,
 so a port can be graded against a *stored* reference (:func:`load_reference`) on a
-machine without PyTorch. The PyTorch side (:func:`torch_trace`, :func:`make_reference`)
-imports torch lazily: ``pip install tpu-course[parity]``. :func:`jax_trace` records the
+machine without PyTorch. The PyTorch side (:func:`torch_trace`) imports torch lazily: ``pip install tpu-course[parity]``. :func:`jax_trace` records the
 same names from a JAX port.
 
 Tolerances are dtype-aware (:func:`tolerance_for`): elementwise
@@ -42,7 +41,6 @@ Weight conversion (PyTorch -> JAX), all numpy, no torch needed:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import html
 import json
@@ -484,7 +482,8 @@ def jax_trace(params: Mapping[str, Any], x: Any, y: Any | None = None, *,
 # ------------------------------------------------------------------- the torch side
 
 
-def _torch() -> Any:
+def require_torch() -> Any:
+    """``import torch``, or an ImportError that says how to install it."""
     try:
         import torch
     except ImportError as err:
@@ -504,7 +503,7 @@ def torch_available() -> bool:
 
 def _module_to_jax(name: str, m: Any, tensors: dict[str, Any]) -> dict[str, np.ndarray]:
     """One layer's named tensors (its parameters, or their gradients) in JAX layout."""
-    nn = _torch().nn
+    nn = require_torch().nn
     if isinstance(m, nn.Linear):
         return linear_to_jax(tensors["weight"], tensors.get("bias"))
     if isinstance(m, nn.Conv2d):
@@ -530,7 +529,7 @@ def torch_layer_params(module: Any) -> dict[str, dict[str, np.ndarray]]:
 
 def _grads_in_jax_layout(module: Any) -> dict[str, dict[str, np.ndarray]]:
     """The gradients of :func:`torch_layer_params`, same layout (zeros where none)."""
-    torch = _torch()
+    torch = require_torch()
     return {name: _module_to_jax(name, m, {k: (p.grad if p.grad is not None else torch.zeros_like(p))
                                            for k, p in m.named_parameters(recurse=False)})
             for name, m in module.named_modules() if list(m.parameters(recurse=False))}
@@ -555,7 +554,7 @@ def torch_trace(module: Any, x: Any, y: Any | None = None, *,
             ``lambda ps: torch.optim.SGD(ps, lr=0.1)``.
         layers: module names to hook (default: every module that owns parameters).
     """
-    torch = _torch()
+    torch = require_torch()
     xt = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
     yt = None if y is None else (y if isinstance(y, torch.Tensor) else torch.as_tensor(np.asarray(y)))
     names = list(layers) if layers is not None else [
@@ -597,49 +596,7 @@ def torch_trace(module: Any, x: Any, y: Any | None = None, *,
     return out
 
 
-# ------------------------------------------------- the lab's model and stored reference
-
-#: The lab's model: conv 3->4 (3x3, padding 1) on 6x6 images, ReLU, flatten (PyTorch's
-#: C, H, W order), Linear 144->16, ReLU, Linear 16->10; cross-entropy (mean); SGD lr 0.1.
-LAB_CONFIG = {"name": "parity_cnn", "seed": 0, "batch": 8, "channels": 3, "size": 6,
-              "conv_channels": 4, "hidden": 16, "classes": 10, "lr": 0.1,
-              "optimizer": "SGD", "loss": "cross_entropy (mean)"}
-
-
-def torch_lab_model(seed: int = 0) -> Any:
-    """The lab's small CNN in PyTorch, initialised from ``torch.manual_seed(seed)``."""
-    torch = _torch()
-    nn = torch.nn
-    c = LAB_CONFIG
-    torch.manual_seed(seed)
-    return nn.Sequential(collections.OrderedDict([
-        ("conv", nn.Conv2d(c["channels"], c["conv_channels"], 3, padding=1)),
-        ("act1", nn.ReLU()),
-        ("flatten", nn.Flatten()),
-        ("fc1", nn.Linear(c["conv_channels"] * c["size"] ** 2, c["hidden"])),
-        ("act2", nn.ReLU()),
-        ("fc2", nn.Linear(c["hidden"], c["classes"])),
-    ]))
-
-
-def make_reference(seed: int = 0) -> dict[str, np.ndarray]:
-    """Run the lab's PyTorch model once and return every array (needs torch).
-
-    This is what ``scripts/make_parity_reference.py`` stores in
-    ``tpu_course/reference/parity_cnn.npz``.
-    """
-    torch = _torch()
-    c = LAB_CONFIG
-    model = torch_lab_model(seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(c["batch"], c["channels"], c["size"], c["size"], generator=gen)
-    y = torch.randint(0, c["classes"], (c["batch"],), generator=gen)
-    arrays = torch_trace(
-        model, x, y, loss_fn=torch.nn.functional.cross_entropy,
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=c["lr"]))
-    meta = dict(c, seed=seed, torch_version=str(torch.__version__))
-    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
-    return arrays
+# ------------------------------------------------------------------ stored references
 
 
 @dataclasses.dataclass(frozen=True)
@@ -667,17 +624,20 @@ class Reference:
         return (f"Reference({self.meta.get('name')}, {len(self.expected)} arrays, "
                 f"{self.source})")
 
-
-def _as_reference(arrays: Mapping[str, np.ndarray], source: str) -> Reference:
-    arrays = dict(arrays)
-    meta = json.loads(str(arrays.pop("meta"))) if "meta" in arrays else {}
-    return Reference(arrays, meta, source)
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], source: str) -> "Reference":
+        """A reference from a traced run's arrays; a ``meta`` entry (JSON) becomes ``meta``."""
+        arrays = dict(arrays)
+        meta = json.loads(str(arrays.pop("meta"))) if "meta" in arrays else {}
+        return cls(arrays, meta, source)
 
 
 def load_reference(name: str = "parity_cnn") -> Reference:
     """The stored reference ``tpu_course/reference/<name>.npz`` (no torch needed).
 
-    Regenerate it with ``python scripts/make_parity_reference.py`` (needs torch).
+    ``parity_cnn`` is lab 3's (its model and the live run are in
+    :mod:`tpu_course.checks.ch03`); regenerate it with
+    ``python scripts/make_parity_reference.py`` (needs torch).
     """
     path = REFERENCE_DIR / f"{name}.npz"
     if not path.exists():
@@ -686,17 +646,5 @@ def load_reference(name: str = "parity_cnn") -> Reference:
                                 "`python scripts/make_parity_reference.py` (needs torch).")
     with np.load(path, allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
-    return _as_reference(arrays, f"stored: tpu_course/reference/{path.name}")
+    return Reference.from_arrays(arrays, f"stored: tpu_course/reference/{path.name}")
 
-
-def reference(live: bool | None = None, seed: int = 0) -> Reference:
-    """The lab's reference: live from PyTorch when it is installed, else the stored one.
-
-    ``live=True`` insists on torch; ``live=False`` always reads the stored file.
-    """
-    if live is None:
-        live = torch_available()
-    if live:
-        torch = _torch()
-        return _as_reference(make_reference(seed), f"live: torch {torch.__version__}")
-    return load_reference()

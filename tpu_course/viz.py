@@ -25,11 +25,12 @@ import numpy as np
 
 from tpu_course import errors, systolic
 
-_NAMES = {  # what the three arrays of a Frame mean, per dataflow
-    "ws": ("weight", "activation", "partial sum"),
-    "is": ("input", "weight", "partial sum"),
-    "os": ("accumulator", "a", "b"),
-}
+
+
+def _names(run: systolic.SystolicRun) -> tuple[str, str, str]:
+    """What a Frame's three arrays hold for this run's dataflow (``systolic.DATAFLOW``)."""
+    df = systolic.DATAFLOW[run.dataflow]
+    return df.held, df.horizontal, df.vertical
 
 
 def _fmt(v: float) -> str:
@@ -87,7 +88,7 @@ def draw_frame(run: systolic.SystolicRun, index: int, ax: Any = None, show_outpu
 
     frames = _frames(run)
     fr = frames[index]
-    held_name, h_name, v_name = _NAMES[run.dataflow]
+    held_name, h_name, v_name = _names(run)
     R, C = fr.held.shape
     if ax is None:
         ncols = 2 if show_output else 1
@@ -147,7 +148,7 @@ def frame_strip(run: systolic.SystolicRun, cycles: Sequence[int] | None = None, 
         ax.set_title(f"cycle {i} ({run.trace[i].phase})", fontsize=9)
     for ax in axes[len(picks):]:
         ax.axis("off")
-    held_name, h_name, v_name = _NAMES[run.dataflow]
+    held_name, h_name, v_name = _names(run)
     fig.suptitle(f"{run.rows}x{run.cols} {run.dataflow.upper()} array: bold {held_name} "
                  f"(hatched: none loaded yet; 0 is a real zero), blue {h_name} (moving "
                  f"right), orange {v_name} (moving down)", fontsize=10)

@@ -13,11 +13,19 @@
   the gradients and one optimizer step; a failure names the first layer that diverges
   and the porting mistake it looks like.
 
+The lab's fixture is here too: the PyTorch model the port is compared with
+(:data:`LAB_CONFIG`, :func:`torch_lab_model`), one run of it (:func:`make_reference`,
+stored by ``scripts/make_parity_reference.py`` as ``tpu_course/reference/parity_cnn.npz``)
+and :func:`reference`, live or stored, which chapter 3 shows and :func:`check_port`
+grades against.
+
 JAX is imported inside the checkers, so importing this module starts no backend.
 """
 
 from __future__ import annotations
 
+import collections
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +35,65 @@ from tpu_course import parity
 from tpu_course.checks._core import CheckResult, Lab, as_number, fail, ok
 
 LAB = Lab(3, "JAX for PyTorch people")
+
+
+# ------------------------------------------------- the lab's model and its reference
+
+#: The lab's model: conv 3->4 (3x3, padding 1) on 6x6 images, ReLU, flatten (PyTorch's
+#: C, H, W order), Linear 144->16, ReLU, Linear 16->10; cross-entropy (mean); SGD lr 0.1.
+LAB_CONFIG = {"name": "parity_cnn", "seed": 0, "batch": 8, "channels": 3, "size": 6,
+              "conv_channels": 4, "hidden": 16, "classes": 10, "lr": 0.1,
+              "optimizer": "SGD", "loss": "cross_entropy (mean)"}
+
+
+def torch_lab_model(seed: int = 0) -> Any:
+    """The lab's small CNN in PyTorch, initialised from ``torch.manual_seed(seed)``."""
+    torch = parity.require_torch()
+    nn = torch.nn
+    c = LAB_CONFIG
+    torch.manual_seed(seed)
+    return nn.Sequential(collections.OrderedDict([
+        ("conv", nn.Conv2d(c["channels"], c["conv_channels"], 3, padding=1)),
+        ("act1", nn.ReLU()),
+        ("flatten", nn.Flatten()),
+        ("fc1", nn.Linear(c["conv_channels"] * c["size"] ** 2, c["hidden"])),
+        ("act2", nn.ReLU()),
+        ("fc2", nn.Linear(c["hidden"], c["classes"])),
+    ]))
+
+
+def make_reference(seed: int = 0) -> dict[str, np.ndarray]:
+    """Run the lab's PyTorch model once and return every array (needs torch).
+
+    This is what ``scripts/make_parity_reference.py`` stores in
+    ``tpu_course/reference/parity_cnn.npz``.
+    """
+    torch = parity.require_torch()
+    c = LAB_CONFIG
+    model = torch_lab_model(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(c["batch"], c["channels"], c["size"], c["size"], generator=gen)
+    y = torch.randint(0, c["classes"], (c["batch"],), generator=gen)
+    arrays = parity.torch_trace(
+        model, x, y, loss_fn=torch.nn.functional.cross_entropy,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=c["lr"]))
+    meta = dict(c, seed=seed, torch_version=str(torch.__version__))
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
+    return arrays
+
+
+def reference(live: bool | None = None, seed: int = 0) -> parity.Reference:
+    """The lab's reference: live from PyTorch when it is installed, else the stored one.
+
+    ``live=True`` insists on torch; ``live=False`` always reads the stored file.
+    """
+    if live is None:
+        live = parity.torch_available()
+    if live:
+        torch = parity.require_torch()
+        return parity.Reference.from_arrays(make_reference(seed),
+                                            f"live: torch {torch.__version__}")
+    return parity.load_reference(LAB_CONFIG["name"])
 
 EX1 = "Exercise 1 (make it jit)"
 EX2 = "Exercise 2 (predict the compilations)"
@@ -283,7 +350,7 @@ _HINTS = {
     "grad": "the loss matches but its gradient does not: is the gradient taken with "
             "respect to params (argument 0), of the same loss?",
     "step": "gradients match but the update does not: SGD is p - lr * g with "
-            f"lr = {parity.LAB_CONFIG['lr']}; return the new params from train_step.",
+            f"lr = {LAB_CONFIG['lr']}; return the new params from train_step.",
 }
 
 
@@ -308,7 +375,7 @@ def check_port(convert_params: Callable[[dict[str, np.ndarray]], Any],
             live when torch is installed (``None``).
     """
     name = EX5
-    ref = parity.reference(live=live)
+    ref = reference(live=live)
     try:
         import jax.numpy as jnp
 
