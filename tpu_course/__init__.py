@@ -26,6 +26,7 @@ REPOSITORY = "tpu-course/tpu-course"
 _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "runtime",
     "data", "hlo", "bench", "models", "train", "parallel", "parity", "viz", "checks",
+    "preflight", "grade",
 )
 
 
