@@ -85,7 +85,8 @@ def odd(tmp_path_factory) -> tuple[pathlib.Path, dict[str, list[dict]], float]:
         "from tpu_course.checks import _core\n"
         "_core.Exercise.run = lambda self, *a, **k: _core.ok(self.title)\n"
         "_core.Exercise.grade = lambda self, ns: _core.ok(self.title)\n"
-        "checks.ch01.LAB.grade = lambda ns: [_core.ok(e.title) for e in checks.ch01.LAB.exercises]\n"
+        "checks.ch01.LAB.grade = lambda ns: [_core.ok(e.title)\n"
+        "                                    for e in checks.ch01.LAB.exercises]\n"
         "predicted_stall = 'whatever'\n"
         "print(checks.ch01.LAB.scorecard(globals()))  # 5 of 5, printed: never read\n"),
         subs / "cheat.ipynb")

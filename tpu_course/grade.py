@@ -325,8 +325,10 @@ def _serve(jobs: "queue.Queue[tuple[int, pathlib.Path]]", timeout_s: float,
                     elif time.monotonic() - start > backstop:
                         proc.kill()
                         proc.wait()
-                        rows = [{"file": str(path), "lab": "", "exercise": "", "status": "timeout",
-                                 "message": f"the grader's worker did not finish in {backstop:g} s"}]
+                        rows = [{"file": str(path), "lab": "", "exercise": "",
+                                 "status": "timeout",
+                                 "message": f"the grader's worker did not finish in "
+                                            f"{backstop:g} s"}]
                     else:
                         time.sleep(0.05)
                 seconds = time.monotonic() - start

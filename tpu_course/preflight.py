@@ -45,7 +45,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from typing import Any, Callable, Sequence
@@ -333,7 +332,8 @@ def _ch6_in_subprocess() -> str:
                               text=True, timeout=SUBPROCESS_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise Failure(f"the CPU-only chapter-6 process ran past {SUBPROCESS_TIMEOUT_S:.0f} s",
-                      "run `tpu-course doctor --simulate 8` to see what the CPU tier does") from None
+                      "run `tpu-course doctor --simulate 8` to see what the CPU tier does"
+                      ) from None
     lines = proc.stdout.strip().splitlines()
     try:
         result = json.loads(lines[-1])
@@ -349,8 +349,6 @@ def _ch6_in_subprocess() -> str:
 
 def _ch6(multihost: bool) -> str:
     from tpu_course import runtime
-
-    import jax
 
     if len(runtime.cpu_devices()) >= MESH_DEVICES:
         detail = _mesh_check()
@@ -369,7 +367,6 @@ def _ch6(multihost: bool) -> str:
         detail += f"; two-process jax.distributed run: {len(results)} ranks agreed"
     else:
         detail += "; two-process run not asked for (--multihost)"
-    del jax
     return detail
 
 
