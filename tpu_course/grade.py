@@ -446,7 +446,7 @@ def summary(rows: Sequence[dict], timeout_s: float, seconds: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``tpu-course grade``; exit 0 when grading ran, 2 when it could not."""
     parser = argparse.ArgumentParser(prog="tpu-course grade",
-                                     description=__doc__.split("\n")[0].strip("`"))
+                                     description=__doc__.split("\n")[0].replace("``", ""))
     parser.add_argument("submissions", nargs="*", metavar="SUBMISSION",
                         help=".ipynb files or folders of them")
     parser.add_argument("--out", metavar="DIR", help="where grades.csv and summary.md go")

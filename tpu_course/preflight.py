@@ -498,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="tpu-course preflight",
-                                     description=__doc__.split("\n")[0])
+                                     description=__doc__.split("\n")[0].replace("``", ""))
     parser.add_argument("--json", metavar="PATH", help="write the JSON record here")
     parser.add_argument("--multihost", action="store_true",
                         help="also run the two-process jax.distributed run (chapter 6)")
