@@ -22,7 +22,7 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
-.PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab labs sync notebooks bench doctor clean
+.PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab labs sync notebooks bench doctor preflight clean
 
 help:
 	@echo "make lab          set up (once) and start JupyterLab on the course"
@@ -33,6 +33,7 @@ help:
 	@echo "make sync         rewrite setup cells and README's chapter table"
 	@echo "make bench        run the benchmark suite into bench/results/"
 	@echo "make doctor       print what the runtime is and what to fix"
+	@echo "make preflight    run every chapter's core here, one row each (PREFLIGHT_ARGS=--json F)"
 
 setup: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml scripts/setup_venv.sh
@@ -51,6 +52,9 @@ lab: setup
 
 doctor: setup
 	$(PY) -m tpu_course doctor
+
+preflight: setup
+	$(PY) -m tpu_course preflight $(PREFLIGHT_ARGS)
 
 test: test-unit test-notebooks test-labs test-colab
 

@@ -1,5 +1,9 @@
 """``python -m tpu_course doctor`` (or ``tpu-course doctor``): is this runtime ready?
 
+The same command runs ``tpu-course preflight`` (:mod:`tpu_course.preflight`: the core of
+every chapter on this runtime, one row each) and ``tpu-course grade``
+(:mod:`tpu_course.grade`: grade submitted lab notebooks).
+
 Prints the versions that matter, what JAX sees, the chip's row in the hardware table,
 whether devices are simulated, and what to do when something is off. It never raises:
 JAX first starts in a throw-away process, so a backend that cannot start (a
@@ -219,8 +223,19 @@ def doctor_report(rt: runtime.Runtime | None = None) -> tuple[list[str], list[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "preflight":
+        from tpu_course import preflight
+
+        return preflight.main(argv[1:])
+    if argv and argv[0] == "grade":
+        from tpu_course import grade
+
+        return grade.main(argv[1:])
     parser = argparse.ArgumentParser(prog="tpu-course", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["doctor"])
+    parser.add_argument("command", choices=["doctor", "preflight", "grade"],
+                        help="doctor: is this runtime ready; preflight: run every chapter's "
+                             "core here; grade: grade submitted labs (each has its own --help)")
     parser.add_argument("--simulate", type=int, metavar="N",
                         help="simulate N CPU devices first (as the multi-chip chapters do)")
     args = parser.parse_args(argv)
