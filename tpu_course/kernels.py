@@ -149,8 +149,9 @@ def _copy_kernel(x_ref: Any, o_ref: Any) -> None:
 @functools.lru_cache(maxsize=None)
 def scoped_vmem_limit(target: str = "v5e:1x1") -> int:
     """The TPU compiler's default scoped VMEM limit for ``target``, in bytes, measured:
-    compile a copy kernel whose one block (64 MiB in, 64 MiB out, each double-buffered)
-    is too big for any chip, and read the limit from the compiler's refusal.
+    compile a copy kernel whose one float32 block (12 MiB in and 12 MiB out, each
+    double-buffered: 48 MiB) is above the default limit of every chip the course targets
+    yet below their whole VMEM, and read the limit from the compiler's refusal.
 
     This limit, not the chip's whole VMEM (``hardware.get(chip).vmem_bytes``), is what a
     ``pallas_call``'s buffers must fit by default; ``pltpu.CompilerParams(
@@ -160,11 +161,12 @@ def scoped_vmem_limit(target: str = "v5e:1x1") -> int:
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    shape = (4096, 4096)
-    spec = pl.BlockSpec(shape, lambda i: (0, 0))
-    probe = pl.pallas_call(_copy_kernel, out_shape=jax.ShapeDtypeStruct(shape, jnp.float32),
-                           grid=(1,), in_specs=[spec], out_specs=spec)
-    verdict = compile_verdict(probe, jax.ShapeDtypeStruct(shape, jnp.float32), target=target)
+    block = (2048, 1536)  # two grid steps, so both buffers of each block are real
+    spec = pl.BlockSpec(block, lambda i: (i, 0))
+    array = jax.ShapeDtypeStruct((2 * block[0], block[1]), jnp.float32)
+    probe = pl.pallas_call(_copy_kernel, out_shape=array, grid=(2,), in_specs=[spec],
+                           out_specs=spec)
+    verdict = compile_verdict(probe, array, target=target)
     if verdict.limit_bytes is None:
         raise errors.CourseValueError(
             f"could not read the scoped VMEM limit for {target!r} from the compiler "
