@@ -342,14 +342,16 @@ else:
 # ## 6. On a GPU, and on a real TPU
 #
 # **GPU.** Pallas has GPU backends too, with the same `pallas_call`, grid and
-# `BlockSpec`: the **Triton** backend (any recent NVIDIA GPU, and AMD) and **Mosaic GPU**
-# (Hopper and newer: H100, H200; it uses their TMA copies and warpgroup matmuls). What
-# differs: the grid runs in parallel (no sequential grid steps whose VMEM scratch
-# carries over, so a K loop lives inside the kernel), shared memory per SM is far smaller
-# than a TPU core's VMEM (`hardware.get("h100").vmem_bytes`), and block shapes follow
-# the GPU's rules, not (8, 128). A T4 has no bf16 arithmetic, so bf16 kernels do not
-# run natively there. This chapter's kernels are TPU kernels: on a GPU runtime they run
-# in the TPU interpreter, like on a CPU.
+# `BlockSpec` ideas. **Mosaic GPU** needs Hopper or newer (H100, H200; it uses their TMA
+# copies and warpgroup matmuls); the older **Triton** backend goes down to Ampere (A100),
+# is kept on a best-effort basis, and is deprecated from jax 0.11 on (JAX's Pallas
+# quickstart and changelog, docs.jax.dev/en/latest/pallas). So a Colab **T4** (Turing,
+# older than Ampere, and without bf16 arithmetic) runs no Pallas GPU kernel at all. What
+# differs on a GPU: the grid's steps run in parallel on the SMs (no sequential steps whose
+# scratch carries over, so a K loop lives inside the kernel), shared memory per SM is far
+# smaller than a TPU core's VMEM (`hardware.get("h100").vmem_bytes` is 256 KiB), and block
+# shapes follow the GPU's rules, not (8, 128). This chapter's kernels are TPU kernels:
+# on a GPU runtime they run in the TPU interpreter, like on a CPU.
 #
 # **TPU.** On a TPU runtime the kernels above ran for real. Here we time the 2-D-grid
 # matmul against `jnp.dot` with the harness, as a fraction of the chip's peak:

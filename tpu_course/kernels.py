@@ -46,6 +46,17 @@ _OOM_RE = re.compile(r"size\s+([\d.]+)([KMG]?)\s+and\s+limit\s+([\d.]+)([KMG]?)"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
+def _platform(platform: str | None) -> str:
+    if platform is None:
+        from tpu_course import runtime
+
+        return runtime.describe().platform
+    if platform not in ("cpu", "gpu", "tpu"):
+        raise errors.CourseValueError(f"platform={platform!r}: expected 'cpu', 'gpu', 'tpu' or "
+                                      "None (this runtime's)")
+    return platform
+
+
 def interpret_mode(platform: str | None = None) -> Any:
     """The ``interpret=`` value for a Pallas TPU kernel on this runtime.
 
@@ -54,10 +65,7 @@ def interpret_mode(platform: str | None = None) -> Any:
     step with the TPU's semantics (on a GPU too: a TPU kernel is not a GPU kernel).
     ``platform`` defaults to :func:`tpu_course.runtime.describe`'s.
     """
-    if platform is None:
-        from tpu_course import runtime
-
-        platform = runtime.describe().platform
+    platform = _platform(platform)
     if platform == "tpu":
         return False
     from jax.experimental.pallas import tpu as pltpu
@@ -67,10 +75,7 @@ def interpret_mode(platform: str | None = None) -> Any:
 
 def where_kernels_run(platform: str | None = None) -> str:
     """One sentence: how this runtime runs the chapter's Pallas TPU kernels."""
-    if platform is None:
-        from tpu_course import runtime
-
-        platform = runtime.describe().platform
+    platform = _platform(platform)
     if platform == "tpu":
         return "TPU: the kernels compile with Mosaic and run on the chip; timings are TPU timings."
     where = {"gpu": "GPU", "cpu": "CPU"}.get(platform, platform)
@@ -146,7 +151,6 @@ def _copy_kernel(x_ref: Any, o_ref: Any) -> None:
     o_ref[...] = x_ref[...]
 
 
-@functools.lru_cache(maxsize=None)
 def scoped_vmem_limit(target: str = "v5e:1x1") -> int:
     """The TPU compiler's default scoped VMEM limit for ``target``, in bytes, measured:
     compile a copy kernel whose one float32 block (12 MiB in and 12 MiB out, each
@@ -157,6 +161,14 @@ def scoped_vmem_limit(target: str = "v5e:1x1") -> int:
     ``pallas_call``'s buffers must fit by default; ``pltpu.CompilerParams(
     vmem_limit_bytes=...)`` raises it for one kernel.
     """
+    if not isinstance(target, str):
+        raise errors.CourseTypeError(f"target={target!r}: expected a topology name such as "
+                                     "'v5e:1x1'")
+    return _measured_limit(target.strip().lower())
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_limit(target: str) -> int:
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
