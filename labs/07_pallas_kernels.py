@@ -1,0 +1,195 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lab 7: Pallas kernels for the MXU
+#
+# Five exercises, **about 90 minutes** in all (the plan below gives each one's time):
+# write, predict, compile, measure. Your kernels run in Pallas's TPU interpreter on any
+# runtime (on a TPU they run for real), so the checks grade their numbers everywhere.
+# Exercise 3 asks the real TPU compiler (compile-only, for a v5e this machine need not
+# have) and is skipped where it is not installed; Exercise 5 needs a TPU. A failed check
+# gives a hint; `checks.reveal("Exercise 3")` shows the expected answer. The last cell
+# is your scorecard.
+#
+# Chapter 7's kernels are your starting point; the exercises do not repeat them.
+
+# %%
+# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
+# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
+# course's floor, it upgrades them together to a tested set and asks for one restart.
+import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
+class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
+    def _render_traceback_(self): return [str(self)]
+def setup_course(floor="0.7.2"):
+    def version(p):
+        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
+        except md.PackageNotFoundError: return None
+    course = os.environ.get("TPU_COURSE_SPEC",
+                            "tpu-course @ git+https://github.com/tpu-course/tpu-course")
+    jax_now = version("jax")
+    upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
+    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
+        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
+                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+        wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
+    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
+        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+        wanted.append(course)
+    else:
+        return
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
+        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
+                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
+                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+    if upgrade:
+        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
+                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
+                        " installed together. Restart the runtime once (Colab: Runtime > "
+                        "Restart session) and run all again: the new jax loads only in a "
+                        "fresh process, and this cell will then install nothing.")
+setup_course()
+
+# %%
+from tpu_course import runtime
+
+rt = runtime.describe()
+print(rt.banner())
+
+# %%
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from tpu_course import checks, hlo, kernels
+from tpu_course.checks import NotWritten, ch07
+
+INTERPRET = kernels.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
+ch07.LAB
+
+# %% [markdown]
+# ## Exercise 1: tile K too (25 min)
+#
+# The chapter's matmul held the whole $K$ in one block, which stops fitting VMEM as $K$
+# grows. Write `matmul_ktiled(x, y, bm, bk, bn, interpret)`: a **3-D grid**
+# `(M // bm, N // bn, K // bk)` with $K$ last, `x` in `(bm, bk)` blocks, `y` in
+# `(bk, bn)` blocks, and a `(bm, bn)` **float32 accumulator** in VMEM
+# (`scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)]`; the kernel gets its ref after
+# the output's). The grid runs in order on a TPU core and the scratch survives from
+# step to step, so: zero the accumulator at the first K step (`pl.when(pl.program_id(2)
+# == 0)`), add each step's `jnp.dot` into it, and write the output block at the last K
+# step (`pl.num_programs(2) - 1`). Pass `interpret` straight to `pl.pallas_call`; give
+# `compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel",
+# "arbitrary"))` so the compiler knows only the K axis carries a dependence.
+#
+# The interpreter fills fresh VMEM with NaN, so a forgotten zeroing shows.
+
+# %%
+def matmul_ktiled(x, y, bm, bk, bn, interpret):
+    raise NotImplementedError("Exercise 1 (K-tiled matmul kernel): write your code here")
+
+
+# %%
+ch07.check_matmul_ktiled(matmul_ktiled)
+
+# %% [markdown]
+# ## Exercise 2: the VMEM it needs (10 min)
+#
+# Write `vmem_footprint(bm, bk, bn, itemsize)`: the bytes of VMEM your kernel's buffers
+# take. Pallas double-buffers each block it copies in or out (x's, y's and the
+# output's); the accumulator is scratch, float32, and single. (Ignore the compiler's own
+# small scratch.)
+
+# %%
+def vmem_footprint(bm, bk, bn, itemsize):
+    raise NotImplementedError("Exercise 2 (double-buffered VMEM footprint): write your code here")
+
+
+# %%
+ch07.check_footprint(vmem_footprint)
+
+# %% [markdown]
+# ## Exercise 3: which blocks compile? (15 min)
+#
+# The problem: a bf16 matmul of 4096 x 4096 by 4096 x 4096 with your K-tiled kernel on a
+# TPU v5e, whose compiler gives one kernel a **default scoped VMEM limit of 16 MiB**
+# (chapter 7 measured it; `vmem_limit_bytes` would raise it, but not here). For each
+# candidate `(bm, bk, bn)` below, predict the compiler's verdict: `"fits"`,
+# `"misaligned"` (a block's last two dims are not multiples of 8 and 128) or
+# `"too big"` (the buffers exceed the scoped limit). Your footprints are printed beside
+# them; the check compiles every candidate for the v5e and compares.
+
+# %%
+with checks.skip_if_not_written():
+    for name, (bm, bk, bn) in ch07.CANDIDATES.items():
+        print(f"{name}: (bm, bk, bn) = ({bm:>4}, {bk:>4}, {bn:>4}): "
+              f"{vmem_footprint(bm, bk, bn, 2) / 2**20:6.2f} MiB")
+
+# %%
+# Exercise 3 (which blocks compile): write your code here
+verdicts = NotWritten("Exercise 3 (which blocks compile)")
+
+# %%
+ch07.check_verdicts(verdicts)
+
+# %% [markdown]
+# ## Exercise 4: fuse softmax($QK^T$) for a block of queries (25 min)
+#
+# Attention scores: `softmax(q @ k.T / sqrt(d))` over the keys, for `q` of shape
+# `[Lq, d]` and `k` of shape `[Lk, d]`. XLA compiles it for a v5e as several fusions,
+# writing the scores to HBM and reading them back for the softmax. Write
+# `attention_scores(q, k, bq, interpret)` as **one** kernel: a 1-D grid over blocks of
+# `bq` queries; each step reads its query block and all of `k`, computes the block's
+# scores on the MXU (`jax.lax.dot_general` contracting the last dims of both, or
+# `jnp.dot` with a transposed `k`), scales, and writes the block's softmax (subtract
+# each row's max first). The check runs it in the interpreter, then (with the TPU
+# compiler) counts what the compiled HLO holds against XLA's version.
+
+# %%
+def attention_scores(q, k, bq, interpret):
+    raise NotImplementedError("Exercise 4 (fused softmax(QK^T) kernel): write your code here")
+
+
+# %%
+ch07.check_attention_scores(attention_scores)
+
+# %% [markdown]
+# ## Exercise 5: on a real TPU, near `jnp.dot` (15 min, TPU only)
+#
+# Pick `fast_blocks = (bm, bk, bn)` for a 4096-cube bf16 matmul so that your
+# `matmul_ktiled` reaches at least 70 % of `jnp.dot`'s throughput on this chip (both
+# timed with `tpu_course.bench`). Use the chapter's traffic model (bigger tiles re-read
+# less), the MXU width, and your footprint against the scoped limit. Elsewhere the
+# check is skipped: an interpreter's time says nothing about a TPU.
+
+# %%
+# Exercise 5 (a real chip: near jnp.dot's time): write your code here
+fast_blocks = NotWritten("Exercise 5 (a real chip: near jnp.dot's time)")
+
+# %%
+ch07.check_fast(matmul_ktiled, fast_blocks)
+
+# %% [markdown]
+# ## Scorecard
+
+# %%
+ch07.LAB.scorecard(globals())
