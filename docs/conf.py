@@ -57,6 +57,7 @@ autodoc_mock_imports = ["torch"]
 html_theme = "sphinx_book_theme"
 html_title = "tpu-course"
 html_static_path: list[str] = []
+html_favicon = "_static/favicon.svg"  # without one the browser asks for /favicon.ico (a 404)
 html_theme_options = {
     "repository_url": f"https://github.com/{REPOSITORY}",
     "repository_branch": "main",
@@ -66,6 +67,7 @@ html_theme_options = {
     "show_toc_level": 2,
 }
 html_last_updated_fmt = None
+html_context = {"default_mode": "light"}  # with none the theme logs a console error
 html_copy_source = True
 # A type hint ``bytes`` matches the standard type and a few ``.bytes`` attributes.
 suppress_warnings = ["mystnb.unknown_mime_type", "ref.python"]
@@ -124,5 +126,15 @@ def colab_url(path: str) -> str:
 write_chapter_table()
 
 
+def _root_redirect(app, exception):
+    """The home page is docs/index.html; index.html at the site root points there."""
+    if exception is None and app.builder.format == "html":
+        (pathlib.Path(app.outdir) / "index.html").write_text(
+            '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>tpu-course</title>'
+            '<meta http-equiv="refresh" content="0; url=docs/index.html"></head>'
+            '<body><a href="docs/index.html">tpu-course</a></body></html>\n', encoding="utf-8")
+
+
 def setup(app):
+    app.connect("build-finished", _root_redirect)
     app.connect("html-page-context", _add_kaggle_button, priority=502)

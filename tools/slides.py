@@ -88,6 +88,11 @@ def build_deck(ipynb: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     config.NbConvertBase.display_data_priority = [
         "text/html", "text/markdown", "image/svg+xml", "text/latex", "image/png",
         "image/jpeg", "text/plain"]
+    # reveal.js from _assets/ beside the deck; the "white" theme's fonts come with it
+    # (nbconvert's default theme, "simple", imports its fonts from Google).
+    config.SlidesExporter.reveal_url_prefix = "_assets/reveal.js"
+    config.SlidesExporter.reveal_theme = "white"
+    config.SlidesExporter.reveal_scroll = True
     exporter = SlidesExporter(config=config, template_name="course_reveal",
                               extra_template_basedirs=[str(TEMPLATE_DIR)])
     exporter.register_preprocessor(
@@ -95,7 +100,7 @@ def build_deck(ipynb: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(
-        nb, resources={"metadata": {"name": ipynb.stem}, "reveal": {"scroll": True}})
+        nb, resources={"metadata": {"name": ipynb.stem}})
     deck = out / f"{ipynb.stem}.slides.html"
     deck.write_text(body, encoding="utf-8")
     return deck
