@@ -113,7 +113,7 @@ np.set_printoptions(linewidth=110)
 # counts are the traffic the simulator itself counts as it moves the values, checked in
 # the tests.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 print(f"{'n':>5}  {'CPU':>5}  {'GPU, no tile':>12}  {'GPU, 64x64 tile':>15}  "
       f"{'systolic 128x128':>16}  {'2/128 + 1/n':>11}")
 for n in (128, 1024, 8192):
@@ -155,7 +155,7 @@ plt.show()
 # * the partial sum of `c[i,j]` moves one row down per cycle and leaves the bottom of
 #   column `j` at the end of cycle `R + i + (R - 1) + j`.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 A = np.array([[1, 2, 0, 1], [3, 1, 2, 0], [0, 1, 1, 2], [2, 0, 3, 1], [1, 1, 1, 1]])
 B = np.array([[1, 0, 2, 1], [0, 1, 1, 0], [2, 1, 0, 1], [1, 2, 1, 0]])
 run = systolic.simulate(A, B, rows=4, cols=4, trace=True)
@@ -192,7 +192,7 @@ viz.animate(run)
 #
 # `cycles = R + (T - 1) + (R - 1) + (C - 1) + 1 = R + T + R + C - 2`
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 R = C = 4
 T = A.shape[0]
 print(f"closed form: R + T + R + C - 2 = {R} + {T} + {R} + {C} - 2 = {R + T + R + C - 2}")
@@ -221,7 +221,7 @@ print("useful MACs per cycle:", run.macs_per_cycle.tolist())
 # accumulators of C and streams both A (from the left) and B (from the top). Same
 # product, different costs:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 A2 = np.random.default_rng(0).integers(-3, 4, (12, 10))
 B2 = np.random.default_rng(1).integers(-3, 4, (10, 6))
 print(f"C[12x6] = A[12x10] @ B[10x6] on a 4x4 array")
@@ -247,7 +247,7 @@ for df in systolic.DATAFLOWS:
 # (double buffering), so folds stream back to back, and partial sums of the K tiles are
 # added in accumulators instead of being written out.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 rng = np.random.default_rng(0)
 A3 = rng.integers(-3, 4, (256, 384))
 B3 = rng.integers(-3, 4, (384, 256))
@@ -282,7 +282,7 @@ print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F 
 # 10,000 x 10,000 matmul needs thousands of folds, the last row and column of them
 # partly padding, but its stream of 10,000 rows per fold hides everything else.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 small = systolic.simulate(np.ones((100, 100), np.int64), np.ones((100, 100), np.int64), 128, 128)
 print(f"100^3 on 128x128 (simulated): {small.cycles} cycles, utilisation {small.utilization:.3f}, "
       f"padding waste {small.padding_waste:.3f}")
@@ -326,7 +326,7 @@ plt.show()
 #
 # The course's hardware table (`tpu_course.hardware`, every number with its source):
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 print(f"{'chip':22s} {'MXUs':>5s} {'MXU size':>9s} {'bf16 TFLOP/s':>13s} {'HBM':>8s} "
       f"{'HBM GB/s':>9s} {'VMEM MiB':>9s} {'JAX devices':>11s}")
 for name in hardware.names():
@@ -357,7 +357,7 @@ for name in ("v5e",):
 # bfloat16 keeps float32's 8 exponent bits and cuts the significand from 23 bits to 7.
 # float16 spends its 16 bits differently: 5 exponent bits, 10 significand bits.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 import ml_dtypes
 
 print(f"{'format':9s} {'sign':>4s} {'exponent':>8s} {'significand':>11s} {'largest':>12s} "

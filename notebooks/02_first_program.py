@@ -69,7 +69,7 @@ setup_course()
 # Every notebook of the course starts with this banner, so that every output below it
 # can be traced to the machine that made it:
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "subslide"}
 from tpu_course import runtime
 
 rt = runtime.describe()
@@ -129,7 +129,7 @@ assert rt.device_count == jax.device_count() and rt.device_kind == device.device
 # *critical intensity*, peak FLOP/s divided by HBM bytes/s: chapter 4 builds the
 # roofline from it.
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import hardware
 
 print(hardware.table())
@@ -171,7 +171,7 @@ print(hardware.table())
 # change and vary by region: treat the figures as an estimate and check the pricing page
 # before you spend money.
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "subslide"}
 from tpu_course import comms
 
 print(f"Prices as of {comms.PRICES_AS_OF}, source: {comms.PRICES_SOURCE}")
@@ -216,7 +216,7 @@ sweep.plot();
 # while the chip works: good for throughput, a trap for timing. Only
 # `block_until_ready()` (or reading the value) waits.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 import time
 
 
@@ -231,7 +231,7 @@ n = 2048 if rt.platform != "cpu" else 768
 x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
 _ = chain(x).block_until_ready()  # compile and warm up first
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 start = time.perf_counter()
 y = chain(x)  # returns as soon as the work is queued
 dispatched = time.perf_counter() - start
@@ -250,7 +250,7 @@ print(f"a timer without block_until_ready would report {dispatched / finished:.1
 # matmul that count is 2·m·k·n: one multiply and one add per (i, j, k). With the chip
 # known, it divides the achieved rate by the chip's peak from the hardware table.
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import bench
 
 

@@ -70,7 +70,7 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 rt = runtime.describe()
@@ -120,7 +120,7 @@ def pytorch(code: str) -> None:
 # tensor sees the change. A JAX array cannot be changed. The indexed update
 # `x.at[1].set(5.0)` returns a **new** array; `x` is untouched.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 pytorch("""
 x = torch.zeros(3)
 y = x            # another name for the same memory
@@ -188,7 +188,7 @@ print("x4 deleted:", x4.is_deleted())
 # shapes skip Python entirely. A `print` inside shows what the function sees while it is
 # traced:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 @jax.jit
 def scaled(x):
     print("  tracing with x =", x)          # runs while tracing, not on every call
@@ -236,7 +236,7 @@ for v in (jnp.array([3.0, -1.0]), jnp.array([1.0, -2.0])):
 # part of the cache key rather than a traced input. Each new value of a static argument
 # is a new compilation.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 def ones_of_length(n):
     return jnp.ones(n)
 
@@ -367,7 +367,7 @@ print("grads", jax.tree.map(lambda a: a.ravel().tolist(), grads))
 # give (it sums over the batch; `torch.func.vmap` now borrows JAX's answer). They are
 # what differential privacy clips, and what gradient-noise diagnostics need.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 pytorch("""
 w = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
 X, Y = torch.ones(4, 3), torch.arange(4.0)
@@ -409,7 +409,7 @@ print("their sum is the batch gradient:",
 # `split` (one key in, several independent keys out) and `fold_in` (a key and an integer,
 # such as a step number or a device index, give a new key).
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 pytorch("""
 torch.manual_seed(0)
 a = torch.rand(2)
@@ -484,7 +484,7 @@ print(type(state).__name__, jax.tree.map(jnp.shape, nnx.to_pure_dict(state)))
 # on later calls, which run the compiled program. `jax.debug.print` is the print that
 # belongs to the program and runs on every call.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 log = []
 scale = 2.0
 
@@ -541,7 +541,7 @@ print("equations: Python loop", len(unrolled.eqns), "| lax.scan", len(scanned.eq
 # value is a future. Time with `block_until_ready()` (chapter 2), or better with
 # `tpu_course.bench`, which also keeps compile time out of the measurement.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 import time
 
 big = jnp.ones((1024, 1024))
@@ -575,7 +575,7 @@ print(f"returned after {t_dispatch * 1e3:.2f} ms, finished after {t_done * 1e3:.
 # the TPU's default here we do its rounding by hand: round the inputs to bfloat16, then
 # multiply in float32. That is one bfloat16 pass with float32 accumulation.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 rng = np.random.default_rng(2)
 a = rng.standard_normal((256, 256)).astype(np.float32)
 b = rng.standard_normal((256, 256)).astype(np.float32)
@@ -647,7 +647,7 @@ print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
 # loss.backward(); torch.optim.SGD(model.parameters(), lr=0.1).step()
 # ```
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 ref = parity.reference()          # live PyTorch when installed, else the stored arrays
 print(ref)
 print("model:", {k: ref.meta[k] for k in ("batch", "channels", "size", "hidden", "classes",
@@ -714,7 +714,7 @@ report          # the full table (errors at the level of float32 rounding vary b
 # It names the **first** array that diverges, in the order parameters, layer outputs,
 # loss, gradients, step, and what the difference looks like.
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "skip"}
 def plant(name, params=jax_params, fwd=forward, reduce=jnp.mean):
     loss = lambda p, x, y: cross_entropy(p, x, y, forward=fwd, reduce=reduce)
     got = parity.jax_trace(params, x_nhwc, y, forward=fwd, loss_fn=loss, step=sgd_step(loss))

@@ -107,7 +107,7 @@ if not AOT:
 #
 # `hlo.inspect(fn, *args)` builds all three without running anything.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 B, D, H = 64, 512, 256
 
 
@@ -152,7 +152,7 @@ report
 # add and the relu are fused *into* the matmul's output fusion, so the intermediate
 # never goes to HBM.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 if AOT:
     tpu_report = hlo.inspect(layer, *args, target="v5e:2x2")
     print(f"compiled for {tpu_report.target} ({tpu_report.device_kind}), "
@@ -175,7 +175,7 @@ else:
 # is, then with `lax.optimization_barrier` after each step, which forbids XLA to fuse
 # across it, and compare what XLA says.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 def gelu(x):
     return 0.5 * x * (1.0 + jnp.tanh(0.7978845608 * (x + 0.044715 * x**3)))
 
@@ -233,7 +233,7 @@ print(f"unfused / fused time: {bench.compare(t_fused, t_unfused) ** -1:.2f}x; "
 # bias add and the relu one FLOP per output element each. The bytes: read $x$, $W$, $b$
 # once, write $y$ once, 4 bytes per fp32 element.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 hand_flops = 2 * B * D * H + 2 * B * H
 hand_bytes = (B * D + D * H + H + B * H) * 4
 
@@ -308,7 +308,7 @@ else:
 # $I = 2n^3 / (3n^2 \cdot 2) = n/3$, which grows with $n$; for an elementwise op it is a
 # small constant. On a TPU v5e:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 v5e = hardware.get("v5e")
 print(f"v5e: P = {v5e.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, "
       f"W = {v5e.hbm_bytes_per_s / 1e9:.0f} GB/s, ridge I* = {roofline.ridge_point(v5e):.0f} FLOP/byte")
@@ -361,7 +361,7 @@ else:
 # for recompilation, and warns when the spread is too large to trust. Here is what each
 # rule saves us from, with numbers from this runtime.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 n = 1024 if ON_CPU else 4096
 a = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
 
@@ -426,7 +426,7 @@ print(r.warnings[0])
 # the MXU multiplies bf16 natively (fp32 matmuls on a TPU take several bf16 passes).
 # What the compiler sees, for a 1024-cubed matmul:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 for dt in (jnp.float32, jnp.bfloat16):
     s = jax.ShapeDtypeStruct((1024, 1024), dt)
     if AOT:
@@ -459,7 +459,7 @@ if ON_CPU:
 # 128 x 128 on v5e, 256 x 256 on v6e, and a dimension that is not a multiple pays for a
 # whole extra block. The TPU compiler's memory analysis shows the first:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 if AOT:
     for shape in ((100, 100), (128, 128), (129, 128), (64, 384)):
         r = hlo.inspect(lambda x: x + 1, jax.ShapeDtypeStruct(shape, jnp.float32), target="v5e:1x1")
@@ -522,7 +522,7 @@ else:
 # everything inside the `with` block into `folder`; `StepTraceAnnotation` marks each
 # training step so the viewer can group them.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 import pathlib
 import tempfile
 
@@ -557,7 +557,7 @@ for path in sorted(logdir.rglob("*.*")):
 # `hardware.SOURCES`), with the time a 8192-cubed bf16 matmul and an fp32 `x + y` of
 # $2^{28}$ elements (1 GiB per array) take at best:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 mm = roofline.estimate(roofline.matmul_flops(8192, 8192, 8192),
                        roofline.matmul_bytes(8192, 8192, 8192, 2), v5e)
 print(f"{'chip':<22} {'TFLOP/s':>8} {'HBM GB/s':>9} {'ridge':>6} {'8192^3 ms':>10} {'x+y ms':>7}")

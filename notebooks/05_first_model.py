@@ -64,7 +64,7 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 rt = runtime.describe()
@@ -98,7 +98,7 @@ ON_CPU = rt.platform == "cpu"
 # always the official 10,000-image test set. Images stay `uint8` on the host: one byte a
 # pixel, a quarter of what float32 would cost to send to the chip.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 ds = data.load_mnist()
 print(f"training set: {ds.train_set}; test set: {len(ds.test_images):,} images")
 print("train", ds.train_images.shape, ds.train_images.dtype, "labels", ds.train_labels.dtype)
@@ -393,7 +393,7 @@ print("after one step:", evaluate(eval_step, state.params, ds.test_images, ds.te
 # permutation next epoch picks other leftovers) or padded with zero-weight examples
 # (`'pad'`, every example exactly once per epoch).
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "subslide"}
 n = len(ds.train_images)
 for mode in ("drop", "pad"):
     idx, w = train.epoch_indices(n, 64, seed=0, epoch=0, last_batch=mode)
@@ -455,7 +455,7 @@ print(", ".join(log))
 # state is ready (`jax.block_until_ready`). On a CPU three epochs of the 10,000-image
 # subset take seconds; on a TPU or GPU five epochs of whatever training set was loaded.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 def train_epoch(step, state, images, labels, epoch, batch_size=64, depth=2):
     losses = []
     host = train.batches(images, labels, batch_size, seed=0, epoch=epoch)
@@ -506,7 +506,7 @@ print("test accuracy >= 97.6 % at the end:", record[-1][2] >= 0.976)
 # (an *abstract* state: shapes and dtypes, no memory, from `jax.eval_shape`) and Orbax
 # fills it in, on the device.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 checkpoint_dir = pathlib.Path(tempfile.mkdtemp()) / "mnist_cnn"  # Orbax wants an absolute path
 checkpointer = ocp.StandardCheckpointer()
 checkpointer.save(checkpoint_dir / f"step_{int(state.step)}", state)
@@ -567,7 +567,7 @@ plt.show()
 # shipped in the package as `train.accelerator_reference()`); the course has no
 # measured TPU result yet, and none is shown as one.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 ref = train.accelerator_reference("mnist-h200")
 rows = {r["run"]: r for r in ref["rows"]}
 print(f"committed accelerator run: {rows['mnist device fp32']['device']}, jax "
@@ -580,7 +580,7 @@ for r in ref["rows"]:
 # **Input-pipeline stalls.** The same jitted step fed by host batches with prefetching off
 # (`depth=0`: slice on the host, copy, then step) and on (`depth=2`).
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 timing_steps = 8 if ON_CPU else 200
 x, y = ds.train_images, ds.train_labels
 
@@ -704,7 +704,7 @@ else:
 # `TrainConfig.quick()` preset; only the H200's Fashion-MNIST row used a full 60,000-image
 # training set. The cell below prints what each row trained on, from the files.
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "skip"}
 for r in ref["rows"]:
     print(f"{r['device']:16s} {r['run']:20s} {r['epochs']} epochs on {r['train_set']}: "
           f"test accuracy {r['test_accuracy']:.2%}, 97.6 % after "

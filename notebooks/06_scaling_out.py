@@ -76,7 +76,7 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %% slideshow={"slide_type": "slide"}
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 runtime.simulate_devices(8)  # before anything starts JAX: the sim tier's 8 CPU devices
@@ -275,7 +275,7 @@ for name in ("v5e", "v6e", "v5p"):
 # all-gather, so FSDP moves the gradient bytes of DP plus the forward gathers (the book:
 # $4DF + 8DF$ per layer against $8DF$).
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 fsdp_report, fsdp_compiled, fsdp_plan = compare(sharded_block_step, "fsdp", mesh)
 for c in fsdp_report.collectives:
     print("[sim]   ", c)
@@ -346,7 +346,7 @@ for n in (1, 2, 8):
 # hidden layer with no communication, multiplies by its rows of `w2`, and the partial
 # outputs `[B, D]` are summed once: an all-reduce of **activations**.
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 tp_report, tp_compiled, tp_plan = compare(sharded_block_step, "tp", mesh)
 print("\n".join("[sim]    " + line[:150] for line in tp_report.lines("all-reduce")))
 print(tp_plan)
@@ -518,7 +518,7 @@ for step, frame in enumerate(parallel.ring_schedule(4)):
 # On TPU the compiler splits one asynchronous collective into a start, a body and a done
 # part; `hlo.inspect` counts it once.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 if HAVE_TPU_COMPILER:
     for fn in (sharded_block_step, mlp_block_step):
         for strategy in ("dp", "fsdp", "tp"):
@@ -556,7 +556,7 @@ else:
 # collective runs one way and takes twice as long; more axes add bandwidth. An NVSwitch
 # node connects every GPU to every other in one hop. A 1 GB all-gather:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 cases = [("v5e", 16, None, "one 16-chip axis, wrapped"),
          ("v5e", 8, None, "one 8-chip axis of an 8x8 v5e slice (no wrap)"),
          ("v5e", (16, 16), None, "a 16x16 pod, both axes"),
@@ -574,7 +574,7 @@ for name, axes, wrap, what in cases:
 # Slices talk over DCN (host NICs and the data-centre network), not ICI. How much slower,
 # per chip, by the course's own table:
 
-# %% slideshow={"slide_type": "skip"}
+# %% slideshow={"slide_type": "subslide"}
 for name in ("v5e", "v5p", "v6e"):
     chip = hardware.get(name)
     print(f"{chip.display_name:<20} ICI {chip.ici_bytes_per_s / 1e9:6,.0f} GB/s, DCN "
@@ -669,7 +669,7 @@ print(f"idle fraction {np.mean(tl < 0):.3f} vs (p-1)/(m+p-1) = {comms.pipeline_b
 # assembles the global array. Here: two processes on 127.0.0.1 with 2 CPU devices each,
 # talking through gloo (`parallel.launch_local`, which kills both if either hangs).
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 t0 = time.perf_counter()
 results = parallel.launch_local(num_processes=2, local_devices=2, steps=4, timeout_s=120)
 print(f"(two processes, {time.perf_counter() - t0:.1f} s including start-up)")

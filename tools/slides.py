@@ -128,8 +128,10 @@ def build_all(out: pathlib.Path, notebooks: list[pathlib.Path] | None = None) ->
 
 def first_marking(nb: Any) -> list[str]:
     """A first slide type for each cell: the title and section headings start slides,
-    cells whose output is a figure or a table get their own, the closing markdown cell
-    (the takeaways) is kept, everything else is skipped. Edit the result by hand."""
+    cells whose output is a figure or a table get their own, the first short code cell of
+    each section a vertical one, the closing markdown cell (the takeaways) is kept,
+    printed results fill a short deck up to ``MIN_SLIDES + 1``, everything else is
+    skipped. Edit the result by hand."""
     kinds = []
     for i, cell in enumerate(nb.cells):
         src = cell.source.lstrip()
@@ -143,11 +145,22 @@ def first_marking(nb: Any) -> list[str]:
     last_md = max((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), default=None)
     if last_md is not None and kinds[last_md] == "skip":
         kinds[last_md] = "slide"
+    # Code where it teaches: under each section heading, its first short code cell (with
+    # what it printed) as a vertical slide, while the deck stays within MAX_SLIDES.
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    heads = [i for i in range(len(kinds)) if kinds[i] == "slide"
+             and nb.cells[i].cell_type == "markdown" and i > 0]
+    for h in heads:
+        if kinds.count("slide") + kinds.count("subslide") >= MAX_SLIDES:
+            break
+        nxt = next((i for i in code[1:] if i > h), None)
+        if (nxt is not None and kinds[nxt] == "skip" and not any(kinds[j] == "slide" for j in range(h + 1, nxt))
+                and len(nb.cells[nxt].source.splitlines()) <= 15):
+            kinds[nxt] = "subslide"
     # Too few: code cells with printed results get slides too, spread over the chapter
     # (the first code cell, the setup cell, never).
-    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     spare = [i for i in code[1:] if kinds[i] == "skip" and nb.cells[i].get("outputs")]
-    missing = min(len(spare), MIN_SLIDES + 1 - kinds.count("slide"))
+    missing = min(len(spare), MIN_SLIDES + 1 - kinds.count("slide") - kinds.count("subslide"))
     for k in range(max(0, missing)):
         kinds[spare[round(k * (len(spare) - 1) / max(1, missing - 1))]] = "slide"
     return kinds
