@@ -6,7 +6,7 @@ VENV        ?= .venv
 VENV_COLAB  ?= .venv-colab
 PY          := $(VENV)/bin/python
 PY_COLAB    := $(VENV_COLAB)/bin/python
-EXTRAS      ?= dev,aot
+EXTRAS      ?= dev,aot,docs
 
 # Offline data: the reference MNIST files beside the checkout when they are there
 # (CI), otherwise the loader downloads into its cache. Fashion-MNIST is also read from
@@ -22,12 +22,14 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
-.PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab labs sync notebooks bench doctor preflight clean
+.PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab test-site site slides labs sync notebooks bench doctor preflight clean
 
 help:
 	@echo "make lab          set up (once) and start JupyterLab on the course"
 	@echo "make test         unit tests, every notebook and solution under nbval, every unsolved"
 	@echo "                  lab run to its scorecard, then all of it again on Colab's own stack"
+	@echo "make site         build the website into build/site (open build/site/index.html)"
+	@echo "make slides       one reveal.js deck per chapter into build/slides (works offline)"
 	@echo "make labs         rewrite labs/ from solutions/"
 	@echo "make notebooks    re-execute every notebook and solution (commit the outputs)"
 	@echo "make sync         rewrite setup cells and README's chapter table"
@@ -56,7 +58,7 @@ doctor: setup
 preflight: setup
 	$(PY) -m tpu_course preflight $(PREFLIGHT_ARGS)
 
-test: test-unit test-notebooks test-labs test-colab
+test: test-unit test-site test-notebooks test-labs test-colab
 
 # Deprecation and future warnings fail the tests and the notebook kernels
 # (tpu_course/warnings_policy.py; conftest.py sets the same for a bare pytest).
@@ -79,6 +81,21 @@ test-colab: setup-colab
 	$(PY_COLAB) -m pytest -q -ra tests tpu_course tools
 	$(PY_COLAB) -m pytest -q --nbval-lax --nbval-cell-timeout=300 notebooks/*.ipynb solutions/*.ipynb
 	$(PY_COLAB) -m tools.notebooks run-labs
+
+# The website from the committed notebooks (never executed here), warnings as errors,
+# then its relative links checked offline.
+site: setup
+	rm -rf build/site
+	$(PY) -m sphinx -W --keep-going -q -b html -c docs . build/site
+	$(PY) -m tools.linkcheck build/site
+
+# One deck per chapter: build/slides/NN_<chapter>.slides.html + _assets/ (copy the folder).
+slides: setup
+	$(PY) -m tools.slides build --out build/slides
+
+# Site and decks in headless Chromium, network blocked (screenshots: build/screenshots/).
+test-site: site slides
+	$(PY) -m pytest -q -s -ra -m site tests/test_site.py
 
 labs: setup
 	$(PY) -m tools.notebooks labs

@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "half-day"}
 # # Chapter 1: Why TPUs: the systolic array
 #
 # A TPU is a matrix unit first and a processor second. This chapter builds that matrix
@@ -29,7 +29,7 @@
 # it every cell does at most one MAC and every register passes its value one cell on. A
 # *fold* is one tile of the problem that fits the array.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
 # else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
 # course's floor, it upgrades them together to a tested set and asks for one restart.
@@ -68,17 +68,17 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 print(runtime.describe().banner())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Everything in this chapter except the banner is computed by the course's simulator and
 # models on the CPU: cycle counts, not seconds. A cycle count is the same on every
 # runtime, so the numbers below do not depend on what this notebook ran on.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import numpy as np
 import matplotlib.pyplot as plt
 
@@ -86,7 +86,7 @@ from tpu_course import hardware, systolic, viz
 
 np.set_printoptions(linewidth=110)
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "half-day"}
 # ## 1. Why a matrix unit: where does each multiply-accumulate get its operands?
 #
 # A matmul of size n does n³ MACs. What limits a machine is rarely the multiplier; it is
@@ -113,7 +113,7 @@ np.set_printoptions(linewidth=110)
 # counts are the traffic the simulator itself counts as it moves the values, checked in
 # the tests.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 print(f"{'n':>5}  {'CPU':>5}  {'GPU, no tile':>12}  {'GPU, 64x64 tile':>15}  "
       f"{'systolic 128x128':>16}  {'2/128 + 1/n':>11}")
 for n in (128, 1024, 8192):
@@ -121,11 +121,11 @@ for n in (128, 1024, 8192):
     print(f"{n:5d}  {per('cpu'):5.2f}  {per('gpu', tile=1):12.4f}  {per('gpu', tile=64):15.4f}  "
           f"{per('systolic'):16.4f}  {2 / 128 + 1 / n:11.4f}")
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 viz.plot_accesses_per_mac([2 ** p for p in range(6, 15)])
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The systolic array's accesses per MAC are `2/128 + 1/n` once n is a multiple of 128
 # (the last two columns agree): each activation is read once per column tile (1/128 per
 # MAC), each partial sum written once per row tile (1/128), each weight read once (1/n).
@@ -139,7 +139,7 @@ plt.show()
 # > **Takeaway.** A systolic array turns a memory problem into a wiring problem: values
 # > move one cell per cycle over short wires instead of travelling to and from memory.
 
-# %% [markdown] workshop={"minutes": 8, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 8, "agenda": "half-day"}
 # ## 2. The simulator at work: a 4 x 4 weight-stationary array
 #
 # The TPU's matrix unit (MXU) is **weight-stationary**: the cells hold a tile of B (the
@@ -155,14 +155,14 @@ plt.show()
 # * the partial sum of `c[i,j]` moves one row down per cycle and leaves the bottom of
 #   column `j` at the end of cycle `R + i + (R - 1) + j`.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 A = np.array([[1, 2, 0, 1], [3, 1, 2, 0], [0, 1, 1, 2], [2, 0, 3, 1], [1, 1, 1, 1]])
 B = np.array([[1, 0, 2, 1], [0, 1, 1, 0], [2, 1, 0, 1], [1, 2, 1, 0]])
 run = systolic.simulate(A, B, rows=4, cols=4, trace=True)
 print(run.summary())
 print("equal to A @ B:", bool((run.result == A @ B).all()))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Below are key cycles of that run (a static strip, which is what GitHub and CI show).
 # Bold: the weight a cell holds (a hatched cell holds none yet; a bold 0
 # is a real zero of B); blue: the activation passing right; orange: the partial sum
@@ -170,19 +170,19 @@ print("equal to A @ B:", bool((run.result == A @ B).all()))
 # load path starts one cycle after its left neighbour), then the activations enter as a
 # diagonal wavefront, and the last results drain out of the bottom-right corner.
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 viz.frame_strip(run)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The same run as a steppable animation (play/pause and a cycle slider). It needs a live
 # kernel with ipywidgets (JupyterLab, Colab); `viz.export_animation(run, "systolic.gif")`
 # (or `.html`) writes it to a file for slides.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 viz.animate(run)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### Counting the cycles
 #
 # One fold streaming `T` rows of A (here `T = M = 5`): `R` cycles of weight load, then
@@ -192,7 +192,7 @@ viz.animate(run)
 #
 # `cycles = R + (T - 1) + (R - 1) + (C - 1) + 1 = R + T + R + C - 2`
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 R = C = 4
 T = A.shape[0]
 print(f"closed form: R + T + R + C - 2 = {R} + {T} + {R} + {C} - 2 = {R + T + R + C - 2}")
@@ -201,19 +201,19 @@ print("simulate measured:   ", run.cycles)
 print(f"phases: preload {run.preload_cycles}, fill {run.fill_cycles}, steady "
       f"{run.steady_cycles}, drain {run.drain_cycles}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The phases are measured from the run: *fill* lasts until the first result leaves the
 # array, *steady* until the last activation enters it, *drain* until the last result
 # leaves. Useful work needs every cell busy, and this problem is tiny next to the fixed
 # costs of loading and filling: `utilization` = useful MACs / (cells x cycles) counts how
 # many of the array's MAC slots did useful work.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 print(f"useful MACs {run.useful_macs}, cells x cycles {16 * run.cycles}, "
       f"utilisation {run.utilization:.3f}")
 print("useful MACs per cycle:", run.macs_per_cycle.tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### Three dataflows
 #
 # What stays in the cells is a design choice. Weight-stationary keeps B; input-stationary
@@ -221,7 +221,7 @@ print("useful MACs per cycle:", run.macs_per_cycle.tolist())
 # accumulators of C and streams both A (from the left) and B (from the top). Same
 # product, different costs:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 A2 = np.random.default_rng(0).integers(-3, 4, (12, 10))
 B2 = np.random.default_rng(1).integers(-3, 4, (10, 6))
 print(f"C[12x6] = A[12x10] @ B[10x6] on a 4x4 array")
@@ -231,7 +231,7 @@ for df in systolic.DATAFLOWS:
     print(f"  {df}: {r.folds} folds, {r.cycles:3d} cycles, utilisation {r.utilization:.3f}, "
           f"{r.operand_reads} values in, {r.result_writes} results out")
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 3. Two timing conventions: SCALE-Sim's and the MXU's
 #
 # [SCALE-Sim](https://github.com/scalesim-project/scale-sim-v3) is the published
@@ -247,7 +247,7 @@ for df in systolic.DATAFLOWS:
 # (double buffering), so folds stream back to back, and partial sums of the K tiles are
 # added in accumulators instead of being written out.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 rng = np.random.default_rng(0)
 A3 = rng.integers(-3, 4, (256, 384))
 B3 = rng.integers(-3, 4, (384, 256))
@@ -259,7 +259,7 @@ for timing in ("scalesim", "tpu"):
           f"{' - 1' if r.count_offset else ''}; utilisation {r.utilization:.3f}; "
           f"results written {r.result_writes:,}")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 M3, K3, N3 = 256, 384, 256
 F = systolic.fold_count(M3, K3, N3, 128, 128)
 ss = systolic.cycle_count(M3, K3, N3, 128, 128, timing="scalesim")
@@ -269,12 +269,12 @@ print(f"MXU: R + (F - 1) * max(T, R) + T + R + C - 2 = 128 + {F - 1} * 256 + {25
 print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F - 1} later folds "
       f"hides its {128} load cycles and its {128 + 128 - 2} fill/drain cycles")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # > **Takeaway.** Per fold, SCALE-Sim pays `R` cycles of load and `R + C - 2` of fill and
 # > drain; double buffering pays them once for the whole matmul. The longer the stream
 # > (`T = M`, the batch of rows), the less the fixed costs matter.
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "half-day"}
 # ## 4. Real MXUs: 128 x 128 and 256 x 256, and the padding staircase
 #
 # A 100 x 100 matmul on a 128 x 128 MXU fills only 100 x 100 of its 16,384 cells: the
@@ -282,7 +282,7 @@ print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F 
 # 10,000 x 10,000 matmul needs thousands of folds, the last row and column of them
 # partly padding, but its stream of 10,000 rows per fold hides everything else.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 small = systolic.simulate(np.ones((100, 100), np.int64), np.ones((100, 100), np.int64), 128, 128)
 print(f"100^3 on 128x128 (simulated): {small.cycles} cycles, utilisation {small.utilization:.3f}, "
       f"padding waste {small.padding_waste:.3f}")
@@ -291,27 +291,27 @@ for side in (128, 256):
         print(f"{n:6d}^3 on {side}x{side}: {systolic.fold_count(n, n, n, side, side):5d} folds, "
               f"utilisation {systolic.utilization(n, n, n, side, side):.3f} (closed form)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Utilisation against size shows the staircase: each time n passes a multiple of the
 # array side, a new row and column of folds appears, mostly padding, and utilisation
 # drops; it then climbs back as the new folds fill. The 256-wide array (v6e) has
 # four times the cells, so it needs larger matrices to keep them busy.
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 viz.plot_utilization_vs_size(list(range(32, 2049, 8)), arrays=(128, 256))
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # And the cycle count against size: the closed form as a line, the simulator as dots
 # (on an 8 x 8 array so the simulations are quick). They agree at every size, as the
 # property test in `tests/test_systolic.py` checks for random shapes, arrays and all
 # three dataflows.
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 viz.plot_cycles_vs_size(list(range(1, 65)), [4, 8, 9, 16, 17, 24, 32, 33, 48, 64], rows=8, cols=8)
 plt.show()
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 5. The chip around the MXU
 #
 # The MXU only multiplies matrices. Around it (per TensorCore):
@@ -326,7 +326,7 @@ plt.show()
 #
 # The course's hardware table (`tpu_course.hardware`, every number with its source):
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 print(f"{'chip':22s} {'MXUs':>5s} {'MXU size':>9s} {'bf16 TFLOP/s':>13s} {'HBM':>8s} "
       f"{'HBM GB/s':>9s} {'VMEM MiB':>9s} {'JAX devices':>11s}")
 for name in hardware.names():
@@ -341,7 +341,7 @@ print()
 for name in ("v5e",):
     print(f"note: {name} HBM: {hardware.get(name).alt_values['hbm_unit']}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # HBM is printed in the unit each source uses (GB = 10⁹ bytes, GiB = 2³⁰ bytes, about 7%
 # more). "JAX devices" is how many devices one chip shows: on v2, v3 and 7x each
 # TensorCore is its own device, so one device has half the chip's peak; on v4 and v5p
@@ -351,13 +351,13 @@ for name in ("v5e",):
 # published MXU counts and the published peaks do not imply a plausible clock, so the
 # simulator counts cycles and stops there.
 
-# %% [markdown] workshop={"minutes": 6, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "half-day"}
 # ## 6. bf16: the number format of the MXU
 #
 # bfloat16 keeps float32's 8 exponent bits and cuts the significand from 23 bits to 7.
 # float16 spends its 16 bits differently: 5 exponent bits, 10 significand bits.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 import ml_dtypes
 
 print(f"{'format':9s} {'sign':>4s} {'exponent':>8s} {'significand':>11s} {'largest':>12s} "
@@ -366,11 +366,11 @@ for name, dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", 
     fi = ml_dtypes.finfo(dt)
     print(f"{name:9s} {1:4d} {fi.nexp:8d} {fi.nmant:11d} {float(fi.max):12.4g} {float(fi.eps):12.4g}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The same number, π, in the three formats, bit by bit (sign | exponent | significand).
 # bf16 is simply the top half of the float32 pattern, rounded.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def bits(value, dtype):
     x = np.array(value, np.float32).astype(dtype)
     width = x.dtype.itemsize * 8
@@ -382,12 +382,12 @@ def bits(value, dtype):
 for name, dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
     print(f"{name:9s} {bits(np.pi, dt):38s} = {float(np.array(np.pi, np.float32).astype(dt)):.7f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # **Range.** A value of 70,000 (a large activation or an un-normalised gradient sum)
 # overflows float16 to infinity; bf16 keeps it, coarsely. **Precision.** bf16's gap above
 # 1 is 2⁻⁷ ≈ 0.008: about 2 to 3 significant decimal digits.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 x = np.array([70_000.0, 1 / 3, 3.14159265, 1e-8], np.float32)
 with np.errstate(over="ignore"):
     print("float32 :", x)
@@ -395,12 +395,12 @@ with np.errstate(over="ignore"):
 print("bfloat16:", x.astype(ml_dtypes.bfloat16))
 print("relative error of bf16:", np.abs(x.astype(ml_dtypes.bfloat16).astype(np.float32) / x - 1).round(5))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # **Accumulation.** A matmul adds up K products. With the running sum in bf16, once the
 # sum is large each new small term falls below half a gap and is lost. With bf16 inputs
 # and a float32 accumulator, the MXU's choice, only the inputs are rounded.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 rng = np.random.default_rng(0)
 terms = rng.uniform(0, 1, 4096).astype(np.float32)
 exact = np.cumsum(terms.astype(np.float64))
@@ -415,7 +415,7 @@ for n in (16, 256, 4096):
     print(f"sum of {n:4d} terms: exact {exact[n - 1]:9.3f}, fp32 accumulator "
           f"{acc32[n - 1]:9.3f}, bf16 accumulator {acc16[n - 1]:9.3f}")
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 steps = np.arange(1, len(terms) + 1)
 plt.figure(figsize=(7, 3.4))
 plt.loglog(steps, np.abs(acc32 / exact - 1) + 1e-9, label="bf16 inputs, fp32 accumulator")
@@ -427,7 +427,7 @@ plt.grid(alpha=0.3, which="both")
 plt.title("Error growth over a long sum")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # With a bf16 accumulator the error grows with the length of the sum until the sum stops
 # moving at all; with a float32 accumulator it stays at the size of the input rounding.
 # That is why the MXU takes bf16 inputs (half the bytes to move and store, and smaller
@@ -437,7 +437,7 @@ plt.show()
 # > **Takeaway.** bf16 has float32's range and about 3 significant digits. Use it for
 # > the inputs of a matmul, keep the sums in float32.
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
 # ## 7. Where the real MXU differs from the toy
 #
 # * It takes bf16 (and on newer chips int8/fp8) inputs and accumulates in fp32; the

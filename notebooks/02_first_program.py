@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "half-day"}
 # # Chapter 2: Getting a TPU and a first JAX program
 #
 # Chapter 1 built a matrix unit out of multiply-accumulate cells. This chapter finds a
@@ -24,7 +24,7 @@
 # **Notation.** *Host*: the CPU and its memory that run Python. *Device*: one chip (or
 # one TensorCore) that JAX sees. *HBM*: the device's high-bandwidth memory.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
 # else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
 # course's floor, it upgrades them together to a tested set and asks for one restart.
@@ -63,26 +63,26 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "half-day"}
 # ## 1. Which runtime am I on?
 #
 # Every notebook of the course starts with this banner, so that every output below it
 # can be traced to the machine that made it:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 from tpu_course import runtime
 
 rt = runtime.describe()
 print(rt.banner())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The banner is a summary of what JAX itself reports. Ask JAX directly: `jax.devices()`
 # lists the devices of the default backend (TPU, GPU or CPU), `jax.device_count()` counts
 # them, and each device says what it is in `device_kind`. On a TPU v5e-1 you would see one
 # `TpuDevice` whose kind is `'TPU v5 lite'`; on an old v2-8 runtime eight devices, one per
 # TensorCore; here, whatever this runtime is.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,14 +94,14 @@ print("device_count:", jax.device_count(), " local:", jax.local_device_count(),
 device = jax.devices()[0]
 print(f"device 0: platform={device.platform!r} kind={device.device_kind!r} id={device.id}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Data starts on the host as a NumPy array. `jax.device_put` copies it to a device (the
 # first one unless you name another) and returns a `jax.Array`; the array knows where it
 # lives: `.devices()` is the set of devices holding a piece of it, and `.sharding` says
 # how it is laid out across them (one device holds all of it here; chapter 6 splits
 # arrays over many).
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 host = np.arange(12, dtype=np.float32).reshape(3, 4)
 on_device = jax.device_put(host, device)
 print(type(host).__name__, "->", type(on_device).__name__, on_device.shape, on_device.dtype)
@@ -110,12 +110,12 @@ print("sharding: ", on_device.sharding)
 doubled = on_device * 2  # computed where the input lives
 print("result lives on", doubled.devices(), "| back on the host:", np.asarray(doubled)[0])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # `runtime.describe()`, used for the banner, gathers exactly these facts (platform,
 # device kind, device and process counts) and maps the device kind to a row of the
 # course's hardware table:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 # The same facts field by field (they differ from runtime to runtime, so nbval skips them)
 print(f"platform={rt.platform!r} device_kind={rt.device_kind!r} devices={rt.device_count} "
       f"processes={rt.process_count} generation={rt.generation!r} host={rt.host!r}")
@@ -123,18 +123,18 @@ print(rt.chip.summary() if rt.chip else "No accelerator in the hardware table: t
       "a CPU (or an unknown chip), so there is no peak to compare against.")
 assert rt.device_count == jax.device_count() and rt.device_kind == device.device_kind
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The hardware table carries one row per accelerator, every number with its source
 # (`hardware.SOURCES`), per chip (not per TensorCore). The last column is the chip's
 # *critical intensity*, peak FLOP/s divided by HBM bytes/s: chapter 4 builds the
 # roofline from it.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import hardware
 
 print(hardware.table())
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 2. Getting a TPU
 #
 # | where | what you get | how |
@@ -171,7 +171,7 @@ print(hardware.table())
 # change and vary by region: treat the figures as an estimate and check the pricing page
 # before you spend money.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 from tpu_course import comms
 
 print(f"Prices as of {comms.PRICES_AS_OF}, source: {comms.PRICES_SOURCE}")
@@ -180,7 +180,7 @@ one_day = comms.training_cost("v6e", 8, hours=24, pricing="on_demand")  # a v6e-
 print("a workshop:", workshop)
 print("a day of v6e-8:", one_day)
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 3. The path of the data: host -> HBM -> compute -> host
 #
 # NumPy arrays live in host memory. `jax.device_put` copies one to the device's HBM; the
@@ -193,7 +193,7 @@ print("a day of v6e-8:", one_day)
 # median of several runs, waiting for every copy to finish. Small copies are dominated by
 # a fixed cost per transfer, large ones by bandwidth.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 from tpu_course import transfer
 
 sizes = transfer.DEFAULT_SIZES_BYTES if rt.platform != "cpu" else transfer.DEFAULT_SIZES_BYTES[:-1]
@@ -201,14 +201,14 @@ sweep = transfer.measure_transfers(sizes, repeats=5)
 print(sweep)
 sweep.plot();
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # On this notebook's runtime (see the banner): on a CPU "device" memory *is* host memory,
 # so the sweep measures a memory copy, or nothing at all when JAX can use the NumPy buffer
 # in place; the curve says nothing about a TPU. On a TPU or GPU the large transfers settle
 # at the host link's bandwidth, typically tens of GB/s, compared with the HBM bandwidth in
 # the table above (hundreds to thousands of GB/s).
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "half-day"}
 # ## 4. Asynchronous dispatch: JAX returns before the work is done
 #
 # Calling a jitted function *enqueues* the work on the device and returns at once with an
@@ -216,7 +216,7 @@ sweep.plot();
 # while the chip works: good for throughput, a trap for timing. Only
 # `block_until_ready()` (or reading the value) waits.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 import time
 
 
@@ -231,7 +231,7 @@ n = 2048 if rt.platform != "cpu" else 768
 x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
 _ = chain(x).block_until_ready()  # compile and warm up first
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 start = time.perf_counter()
 y = chain(x)  # returns as soon as the work is queued
 dispatched = time.perf_counter() - start
@@ -241,7 +241,7 @@ print(f"returned after {dispatched * 1e3:8.3f} ms (work queued, not done)")
 print(f"finished after {finished * 1e3:8.3f} ms (block_until_ready)")
 print(f"a timer without block_until_ready would report {dispatched / finished:.1%} of the real time")
 
-# %% [markdown] workshop={"minutes": 6, "agenda": "half-day", "needs": "tpu"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "half-day", "needs": "tpu"}
 # ## 5. A first timed matmul
 #
 # `bench.benchmark` does what a correct benchmark needs: it compiles first and reports
@@ -250,7 +250,7 @@ print(f"a timer without block_until_ready would report {dispatched / finished:.1
 # matmul that count is 2·m·k·n: one multiply and one add per (i, j, k). With the chip
 # known, it divides the achieved rate by the chip's peak from the hardware table.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import bench
 
 
@@ -276,15 +276,15 @@ result = bench.benchmark(matmul, a, b, repeats=10, min_time=0.5, warn=False,
 print(f"{size} x {size} x {size} {jnp.dtype(dtype).name} matmul: XLA counts "
       f"{result.flops:.4g} FLOPs = 2*{size}^3: {result.flops == 2 * size**3}")
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 result
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # On a T4 (Colab's free GPU) there are no bf16 matrix units: XLA computes a bf16 matmul
 # in float32 on the CUDA cores (converting the inputs), so the cell below compares it with
 # the T4's fp32 peak, not with a bf16 (or fp16 tensor-core) figure it cannot reach.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 if bf16_emulated:
     print(f"{rt.device_kind}: no bf16 matrix units, so bf16 is emulated (computed in fp32); "
           "compared with the fp32 peak.")
@@ -298,7 +298,7 @@ else:
     print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s on {rt.device_kind}: the hardware table "
           "has no peak for this chip and dtype to compare against.")
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways
 # - Print the runtime first: every number in a notebook belongs to a machine. JAX's own
 #   view is `jax.devices()`, `device.device_kind` and, for an array, `.devices()` and

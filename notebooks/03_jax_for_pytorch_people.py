@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] workshop={"minutes": 8, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 8, "agenda": "one-day"}
 # # Chapter 3: JAX for PyTorch people
 #
 # A PyTorch programmer already knows tensors, autograd, modules and optimizers. JAX has
@@ -31,7 +31,7 @@
 # *Compile*: XLA turning that record into a program for the device. *Pytree*: any
 # nesting of lists, tuples and dicts whose leaves are arrays.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
 # else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
 # course's floor, it upgrades them together to a tested set and asks for one restart.
@@ -70,13 +70,13 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 rt = runtime.describe()
 print(rt.banner())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # PyTorch is optional here. When it is installed, every PyTorch twin below is run and
 # the parity section compares a JAX port with live PyTorch. When it is not (the CI
 # machine that executed the saved outputs has no torch), the PyTorch code is shown but
@@ -84,7 +84,7 @@ print(rt.banner())
 # repository stores (`tpu_course/reference/`, written by
 # `scripts/make_parity_reference.py`). `pip install tpu-course[parity]` adds torch.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 import functools
 import textwrap
 
@@ -113,14 +113,14 @@ def pytorch(code: str) -> None:
         print("  (torch not installed: shown, not run)")
 
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "one-day"}
 # ## 1. Arrays are immutable
 #
 # In PyTorch, `x[1] = 5` writes into the tensor's memory, and every other name for that
 # tensor sees the change. A JAX array cannot be changed. The indexed update
 # `x.at[1].set(5.0)` returns a **new** array; `x` is untouched.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 pytorch("""
 x = torch.zeros(3)
 y = x            # another name for the same memory
@@ -128,7 +128,7 @@ x[1] = 5.0       # in place
 print(x.tolist(), y.tolist())
 """)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 x = jnp.zeros(3)
 try:
     x[1] = 5.0
@@ -137,7 +137,7 @@ except TypeError as err:
 y = x.at[1].set(5.0)            # a new array; also .add, .mul, .min, .max, .get
 print("x =", x.tolist(), " y =", y.tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # "A new array on every update" sounds expensive, but under `jit` it usually is not:
 # XLA sees the whole function, notices that the old value is dead after the update, and
 # writes in place. Across the boundary of a jitted call, *donating* an argument
@@ -145,7 +145,7 @@ print("x =", x.tolist(), " y =", y.tolist())
 # output may reuse its buffer (a training step donates the old parameters). The jaxpr
 # shows the update as a `scatter`, a pure operation that XLA is free to do in place.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def bump(x):
     return x.at[1].add(1.0)
 
@@ -161,14 +161,14 @@ try:
 except RuntimeError as err:
     print("using it again:", str(err).split(" with ")[0])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Every backend honours donation, the CPU included (checked on JAX 0.7.2, Colab's
 # version, and on 0.12): the output takes over the donated buffer, the donated array is
 # deleted, and touching it again is an error rather than a silent copy. Nothing warns
 # when donation works. JAX warns only when a donated buffer cannot be reused because no
 # output has its shape and dtype, as here, where a sum returns a scalar:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import warnings
 
 with warnings.catch_warnings(record=True) as caught:
@@ -178,7 +178,7 @@ with warnings.catch_warnings(record=True) as caught:
 print("warning:", [str(w.message).splitlines()[0] for w in caught])
 print("x4 deleted:", x4.is_deleted())
 
-# %% [markdown] workshop={"minutes": 10, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "one-day"}
 # ## 2. `jit` and tracing
 #
 # `torch.compile` is an optional speed-up over eager PyTorch. In JAX, `jax.jit` is how
@@ -188,7 +188,7 @@ print("x4 deleted:", x4.is_deleted())
 # shapes skip Python entirely. A `print` inside shows what the function sees while it is
 # traced:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 @jax.jit
 def scaled(x):
     print("  tracing with x =", x)          # runs while tracing, not on every call
@@ -197,7 +197,7 @@ def scaled(x):
 print("first call:");  scaled(jnp.ones(3))
 print("second call, same shape: (nothing printed: cached)");  scaled(jnp.ones(3))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### Where the habit breaks: Python control flow on values
 #
 # `if x.sum() > 0:` needs a Python `bool`, but a tracer has no value yet, so `jit`
@@ -206,7 +206,7 @@ print("second call, same shape: (nothing printed: cached)");  scaled(jnp.ones(3)
 # `lax.cond` (run one side); branch in Python only on things that are known while
 # tracing: shapes, dtypes and static arguments.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def relu_or_flip(x):
     if x.sum() > 0:               # the PyTorch habit
         return jnp.maximum(x, 0)
@@ -228,7 +228,7 @@ def relu_or_flip_cond(x):
 for v in (jnp.array([3.0, -1.0]), jnp.array([1.0, -2.0])):
     print(v.tolist(), "->", relu_or_flip_where(v).tolist(), relu_or_flip_cond(v).tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### Static shapes and `static_argnums`
 #
 # Every array in a compiled program has a shape fixed at compile time. A shape that
@@ -236,7 +236,7 @@ for v in (jnp.array([3.0, -1.0]), jnp.array([1.0, -2.0])):
 # part of the cache key rather than a traced input. Each new value of a static argument
 # is a new compilation.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def ones_of_length(n):
     return jnp.ones(n)
 
@@ -252,7 +252,7 @@ def ones_static(n):
 print(ones_static(3).tolist(), ones_static(2).tolist(), ones_static(3).tolist())
 print("compiled versions cached (n = 3 and n = 2):", ones_static._cache_size())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### Recompilation: a new shape is a new program
 #
 # The cache key includes every input's shape, so a function called with a new shape is
@@ -264,7 +264,7 @@ print("compiled versions cached (n = 3 and n = 2):", ones_static._cache_size())
 # function's cache size (`f._cache_size()`, the number of compiled versions it holds)
 # and JAX's compile events (`jax.monitoring`, which `bench.compile_counts()` listens to).
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 W = jnp.asarray(np.random.default_rng(0).standard_normal((16, 4)), jnp.float32)
 
 @jax.jit
@@ -282,14 +282,14 @@ after = bench.compile_counts()["compiles"]
 print(f"batch sizes {sorted(set(sizes))}: predict holds {predict._cache_size()} compiled "
       f"versions; JAX's compile events during the loop: {after - before}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The fix is to give the compiler only a few shapes: **pad** each batch up to the
 # smallest of a few *bucket* sizes (on the host, with numpy, where padding costs
 # nothing to compile), run, and drop the padded rows. A row-wise model gives the real
 # rows the same result; a loss must mask the padded rows out (a weight of 0 per row).
 # With one bucket per power of two, no batch wastes more than half its rows.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 BUCKETS = (8, 16, 32)
 
 def pad_to_bucket(x: np.ndarray, buckets=BUCKETS) -> tuple[np.ndarray, int]:
@@ -311,7 +311,7 @@ after = bench.compile_counts()["compiles"]
 print(f"padded to buckets {BUCKETS}: {predict_bucketed._cache_size()} compiled versions; "
       f"JAX's compile events during the loop: {after - before}")
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 4, "agenda": "one-day"}
 # (Two other fixes: drop the last partial batch in training, as
 # `DataLoader(drop_last=True)` does; or pad every batch to the full size with a mask.)
 #
@@ -323,7 +323,7 @@ print(f"padded to buckets {BUCKETS}: {predict_bucketed._cache_size()} compiled v
 # function returning d loss / d (first argument), with the same pytree structure as that
 # argument. Nothing is stored on the parameters, so there is nothing to zero.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 pytorch("""
 w = torch.tensor([1.0, 2.0], requires_grad=True)
 x = torch.tensor([3.0, 4.0])
@@ -332,7 +332,7 @@ loss.backward()
 print("loss", loss.item(), "grad", w.grad.tolist())
 """)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def loss_fn(w, x):
     return ((w * x).sum() - 1.0) ** 2
 
@@ -341,12 +341,12 @@ print("grad           ", jax.grad(loss_fn)(w, x).tolist())
 value, g = jax.value_and_grad(loss_fn)(w, x)    # the loss and its gradient in one pass
 print("value_and_grad ", float(value), g.tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Two more things `backward()` does implicitly: returning extra outputs (logits,
 # accuracy) alongside the loss is `has_aux=True`, and the parameters can be any pytree:
 # the gradient comes back in the same shape, dict for dict.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def model_loss(params, x, y):
     pred = x @ params["dense"]["kernel"] + params["dense"]["bias"]
     loss = jnp.mean((pred - y) ** 2)
@@ -358,7 +358,7 @@ xb, yb = jnp.array([[1.0, 2.0], [3.0, 4.0]]), jnp.array([[1.0], [2.0]])
 print("loss", float(loss), " aux pred", aux["pred"].ravel().tolist())
 print("grads", jax.tree.map(lambda a: a.ravel().tolist(), grads))
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "one-day"}
 # ## 4. `vmap` instead of writing the batch dimension by hand
 #
 # A PyTorch model is written for a batch: every layer knows that axis 0 is the batch.
@@ -367,7 +367,7 @@ print("grads", jax.tree.map(lambda a: a.ravel().tolist(), grads))
 # give (it sums over the batch; `torch.func.vmap` now borrows JAX's answer). They are
 # what differential privacy clips, and what gradient-noise diagnostics need.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 pytorch("""
 w = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
 X, Y = torch.ones(4, 3), torch.arange(4.0)
@@ -379,7 +379,7 @@ for x, y in zip(X, Y):             # the classic way: one backward pass per exam
 print(torch.stack(rows).shape)
 """)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def example_loss(w, x, y):                  # one example: x (d,), y scalar
     return 0.5 * (x @ w - y) ** 2
 
@@ -399,7 +399,7 @@ print("their sum is the batch gradient:",
       bool(jnp.allclose(per_example.sum(0),
                         jax.grad(lambda w: batched_loss(w, X, Y).sum())(w), rtol=1e-2, atol=1e-2)))
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 5. Explicit random keys instead of a global seed
 #
 # `torch.manual_seed(0)` sets a hidden global state that every random call advances, so
@@ -409,7 +409,7 @@ print("their sum is the batch gradient:",
 # `split` (one key in, several independent keys out) and `fold_in` (a key and an integer,
 # such as a step number or a device index, give a new key).
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 pytorch("""
 torch.manual_seed(0)
 a = torch.rand(2)
@@ -418,7 +418,7 @@ torch.manual_seed(0)
 print(a.tolist(), b.tolist(), torch.rand(2).tolist())
 """)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 key = jax.random.key(0)
 print("same key, same numbers:", jax.random.uniform(key, (2,)).tolist(),
       jax.random.uniform(key, (2,)).tolist())
@@ -428,7 +428,7 @@ print("after split:           ", jax.random.uniform(init_key, (2,)).tolist(),
 step_keys = [jax.random.fold_in(dropout_key, step) for step in range(3)]
 print("fold_in(step):         ", [round(float(jax.random.uniform(k)), 4) for k in step_keys])
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 4, "agenda": "two-days"}
 # Why this matters on many chips: with a global seed, each device's random stream
 # depends on the order in which work happened to run there, so a 256-chip run cannot be
 # reproduced on 8 chips. With keys, the dropout mask of example *i* at step *s* is a
@@ -444,7 +444,7 @@ print("fold_in(step):         ", [round(float(jax.random.uniform(k)), 4) for k i
 # a nested dict. `jax.tree.map` applies a function to every leaf (several trees at
 # once, as long as they share the structure): an SGD step is one line.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 pytorch("""
 model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
 model(torch.ones(1, 3)).sum().backward()
@@ -454,7 +454,7 @@ with torch.no_grad():
 print([(name, tuple(p.shape)) for name, p in model.named_parameters()])
 """)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 params = {"fc1": {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)},
           "fc2": {"kernel": jnp.ones((2, 1)), "bias": jnp.zeros(1)}}
 grads = jax.tree.map(jnp.ones_like, params)
@@ -463,19 +463,19 @@ print("shapes:", jax.tree.map(jnp.shape, new_params))
 print("leaves:", len(jax.tree.leaves(params)),
       " parameters:", sum(leaf.size for leaf in jax.tree.leaves(params)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Flax NNX brings back the PyTorch feel (a `Module` object with attributes), and
 # `nnx.split` turns it into the same thing underneath: a static graph definition and a
 # `State` pytree of arrays, which `jax.tree.map`, `jit` and `grad` all accept.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from flax import nnx
 
 layer = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
 graphdef, state = nnx.split(layer)
 print(type(state).__name__, jax.tree.map(jnp.shape, nnx.to_pure_dict(state)))
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 7. Pure functions: side effects run once, while tracing
 #
 # `jit` runs your Python once to trace it. Whatever the function does *besides*
@@ -484,7 +484,7 @@ print(type(state).__name__, jax.tree.map(jnp.shape, nnx.to_pure_dict(state)))
 # on later calls, which run the compiled program. `jax.debug.print` is the print that
 # belongs to the program and runs on every call.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 log = []
 scale = 2.0
 
@@ -500,7 +500,7 @@ for i in range(3):
 scale = 100.0                       # too late: the compiled program holds 2.0
 print("log:", log, "| impure(ones) =", impure(np.ones(2, np.float32)).tolist())
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 4, "agenda": "two-days"}
 # The rule that follows: a jitted function should take everything it reads as an
 # argument and return everything it changes. That is why a JAX training step looks like
 # `params, opt_state = step(params, opt_state, batch)` rather than `optimizer.step()`.
@@ -512,7 +512,7 @@ print("log:", log, "| impure(ones) =", impure(np.ones(2, np.float32)).tolist())
 # `lax.scan` compile the body once and loop on the device; `scan` also stacks a
 # per-step output, which makes it the tool for RNNs and layer stacks.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def running_sum(xs):
     def step(carry, x):
         carry = carry + x
@@ -534,14 +534,14 @@ scanned = jax.make_jaxpr(lambda xs: jax.lax.scan(lambda c, x: (c + x, None), 0.0
     jnp.ones(50))
 print("equations: Python loop", len(unrolled.eqns), "| lax.scan", len(scanned.eqns))
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
 # ## 9. Asynchronous dispatch: a call returns before the work is done
 #
 # Like CUDA in PyTorch, JAX queues work on the device and returns at once; the Python
 # value is a future. Time with `block_until_ready()` (chapter 2), or better with
 # `tpu_course.bench`, which also keeps compile time out of the measurement.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 import time
 
 big = jnp.ones((1024, 1024))
@@ -555,7 +555,7 @@ t_done = time.perf_counter() - t0
 print(f"returned after {t_dispatch * 1e3:.2f} ms, finished after {t_done * 1e3:.2f} ms "
       f"({rt.platform.upper()} timings)")
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "two-days"}
 # ## 10. Matmul precision: "the TPU cannot do arithmetic"
 #
 # On a TPU, a float32 matrix multiply with the default precision is **not** computed in
@@ -575,7 +575,7 @@ print(f"returned after {t_dispatch * 1e3:.2f} ms, finished after {t_done * 1e3:.
 # the TPU's default here we do its rounding by hand: round the inputs to bfloat16, then
 # multiply in float32. That is one bfloat16 pass with float32 accumulation.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 rng = np.random.default_rng(2)
 a = rng.standard_normal((256, 256)).astype(np.float32)
 b = rng.standard_normal((256, 256)).astype(np.float32)
@@ -592,13 +592,13 @@ print(f"float32 (HIGHEST):              max error / max |C| = {rel_err(full_fp32
       if rel_err(full_fp32) < 1e-6 else "unexpected float32 error")
 print(f"one bf16 pass (TPU's DEFAULT):  max error / max |C| = {rel_err(one_bf16_pass):.0e}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # On the runtime this notebook runs on, the real default against float32 (on a CPU both
 # are float32, so the two lines agree; on a TPU the default line shows the bfloat16
 # error above; on a recent NVIDIA GPU, XLA's default for float32 may use TF32, whose
 # 10-bit mantissa gives an error between the two):
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 default = jnp.dot(a, b)
 with jax.default_matmul_precision("float32"):
     scoped = jnp.dot(a, b)
@@ -606,7 +606,7 @@ print(f"{rt.platform.upper()}: default precision  max error / max |C| = {rel_err
 print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
       f"{rel_err(scoped):.0e}")
 
-# %% [markdown] workshop={"minutes": 10, "agenda": "self-paced"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "self-paced"}
 # ## 11. The route question: keep PyTorch, or port to JAX?
 #
 # A PyTorch team that wants TPUs has three routes, each with a different cost:
@@ -649,7 +649,7 @@ print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
 # loss.backward(); torch.optim.SGD(model.parameters(), lr=0.1).step()
 # ```
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 from tpu_course.checks import ch03
 
 ref = ch03.reference()            # live PyTorch when installed, else the stored arrays
@@ -657,20 +657,20 @@ print(ref)
 print("model:", {k: ref.meta[k] for k in ("batch", "channels", "size", "hidden", "classes",
                                           "optimizer", "lr")})
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 print("PyTorch weights (state_dict):",
       {k: tuple(v.shape) for k, v in ref.torch_state_dict.items()})
 print("arrays to match:", len(ref.expected), "=",
       {kind: sum(n.split("/")[0] == kind for n in ref.expected) for kind in parity.KINDS})
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The JAX port: convert the weights, then write the forward pass in NHWC. One trap is
 # hidden in `nn.Flatten`: PyTorch flattens NCHW activations in (C, H, W) order, so the
 # port transposes its NHWC activations to NCHW before flattening (or permutes `fc1`'s
 # kernel rows once). The port returns every layer's output by name: JAX has no forward
 # hooks, so the function hands over what the hooks recorded on the PyTorch side.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 sd = ref.torch_state_dict
 jax_params = {"conv": parity.conv2d_to_jax(sd["conv.weight"], sd["conv.bias"]),
               "fc1": parity.linear_to_jax(sd["fc1.weight"], sd["fc1.bias"]),
@@ -705,10 +705,10 @@ ours = parity.jax_trace(jax_params, x_nhwc, y, forward=forward, loss_fn=cross_en
 report = parity.compare(ref.expected, ours)
 print(report.summary())
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 report          # the full table (errors at the level of float32 rounding vary by machine)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # `jax_trace` runs the port under `jax.default_matmul_precision("highest")` by default:
 # the reference was computed in float32 on a CPU, and section 10 showed what a TPU's
 # default bfloat16 pass would do to that comparison. Once parity holds in float32, run
@@ -718,7 +718,7 @@ report          # the full table (errors at the level of float32 rounding vary b
 # It names the **first** array that diverges, in the order parameters, layer outputs,
 # loss, gradients, step, and what the difference looks like.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def plant(name, params=jax_params, fwd=forward, reduce=jnp.mean):
     loss = lambda p, x, y: cross_entropy(p, x, y, forward=fwd, reduce=reduce)
     got = parity.jax_trace(params, x_nhwc, y, forward=fwd, loss_fn=loss, step=sgd_step(loss))
@@ -740,7 +740,7 @@ plant("fc1 bias forgotten", fwd=forward_no_bias)
 plant("flattened NHWC, not NCHW", fwd=lambda p, x: forward(p, x, flatten_like_torch=False))
 plant("loss summed, not averaged", reduce=jnp.sum)
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "one-day"}
 # Each mistake is named at the layer where it happens: the transposed kernel at
 # `fc2`'s parameters; the missing bias at `fc1`'s output (the difference is the same
 # for every example: a per-feature offset); the summed loss at the loss, scaled by the

@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] workshop={"minutes": 7, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "half-day"}
 # # Chapter 4: Inside the TPU: what `jit` produces
 #
 # Chapter 3 used `jax.jit` as a black box that makes code fast. This chapter opens the
@@ -33,7 +33,7 @@
 # intensity. $P$: peak FLOP/s. $W$: HBM bandwidth in bytes/s. $I^* = P/W$: the ridge
 # point (critical intensity).
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
 # else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
 # course's floor, it upgrades them together to a tested set and asks for one restart.
@@ -72,13 +72,13 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 rt = runtime.describe()
 print(rt.banner())
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,7 +92,7 @@ if not AOT:
     print("Note: the cells that compile for a TPU will print a note and skip. To see them, "
           'install the extra: pip install "tpu-course[aot]" (about 700 MB), then restart.')
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "half-day"}
 # ## 1. Three programs from one function
 #
 # Take one layer of an MLP, $y = \mathrm{relu}(xW + b)$, with a batch of 64 rows, 512
@@ -107,7 +107,7 @@ if not AOT:
 #
 # `hlo.inspect(fn, *args)` builds all three without running anything.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 B, D, H = 64, 512, 256
 
 
@@ -120,29 +120,29 @@ args = (jax.ShapeDtypeStruct((B, D), jnp.float32), jax.ShapeDtypeStruct((D, H), 
 report = hlo.inspect(layer, *args)
 print(report.jaxpr)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The jaxpr lists `dot_general` (the matmul), a `broadcast_in_dim` of the bias, an `add`
 # and a `max` against zero: four operations, each with its output shape. StableHLO says
 # the same in MLIR (the first lines are shown):
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 print("\n".join(report.stablehlo.splitlines()[:12]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The optimised HLO for the local backend is where XLA's decisions appear. The
 # highlighted lines (`>>`) are the ones that do the work: fusions, dots, convolutions.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 print(report.show_hlo())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The report also carries XLA's cost analysis, its memory analysis and the compile
 # time, in one table (per device):
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 report
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### The same layer, compiled for a TPU v5e
 #
 # With the TPU extra, `target="v5e:2x2"` compiles for one chip of a 2x2 v5e slice that
@@ -152,7 +152,7 @@ report
 # add and the relu are fused *into* the matmul's output fusion, so the intermediate
 # never goes to HBM.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 if AOT:
     tpu_report = hlo.inspect(layer, *args, target="v5e:2x2")
     print(f"compiled for {tpu_report.target} ({tpu_report.device_kind}), "
@@ -165,7 +165,7 @@ if AOT:
 else:
     print("skipped: needs the TPU extra (libtpu) to compile for a TPU")
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 2. Fusion, seen and measured
 #
 # Fusion is XLA's most important optimisation for memory-bound code: a chain of
@@ -175,7 +175,7 @@ else:
 # is, then with `lax.optimization_barrier` after each step, which forbids XLA to fuse
 # across it, and compare what XLA says.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def gelu(x):
     return 0.5 * x * (1.0 + jnp.tanh(0.7978845608 * (x + 0.044715 * x**3)))
 
@@ -190,26 +190,26 @@ N = 1024 if ON_CPU else 8192
 x = jax.random.normal(jax.random.key(0), (N, N), jnp.float32)
 fused_r, unfused_r = hlo.inspect(gelu, x), hlo.inspect(gelu_unfused, x)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 # (the counts depend on the backend and on N, which is larger on an accelerator)
 print(f"fusions: {len(fused_r.fusions)} vs {len(unfused_r.fusions)}")
 print(f"bytes accessed (XLA): {fused_r.bytes_accessed / 2**20:.1f} MiB vs "
       f"{unfused_r.bytes_accessed / 2**20:.1f} MiB  "
       f"(the array itself is {x.nbytes / 2**20:.0f} MiB)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The fused version touches the array about twice (read $x$, write $y$); the unfused
 # one writes and re-reads each intermediate. `report.diff(other)` sets the two side by
 # side, op by op:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 fused_r.diff(unfused_r)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Does it matter in time? Elementwise code is memory-bound, so the time should follow
 # the bytes. The harness measures both (compile apart, warm-up, waiting for results):
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 t_fused = bench.benchmark(jax.jit(gelu), x, repeats=5, min_time=0.2)
 t_unfused = bench.benchmark(jax.jit(gelu_unfused), x, repeats=5, min_time=0.2)
 print(f"fused   {t_fused.median_s * 1e3:8.3f} ms  ({rt.platform.upper()} timing)")
@@ -217,7 +217,7 @@ print(f"unfused {t_unfused.median_s * 1e3:8.3f} ms")
 print(f"unfused / fused time: {bench.compare(t_fused, t_unfused) ** -1:.2f}x; "
       f"bytes ratio from XLA: {unfused_r.bytes_accessed / fused_r.bytes_accessed:.2f}x")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # On a CPU the time ratio comes out well below the byte ratio: a CPU's caches hide part
 # of the extra traffic for arrays of a few MiB. On a TPU or GPU, where this chain is
 # memory-bound in HBM, the roofline predicts that time follows bytes, so the two ratios
@@ -225,7 +225,7 @@ print(f"unfused / fused time: {bench.compare(t_fused, t_unfused) ** -1:.2f}x; "
 # results (`make bench`) time matmuls, not this pair. Run this cell on a TPU or GPU and
 # compare the two ratios yourself.
 
-# %% [markdown] workshop={"minutes": 7, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "half-day"}
 # ## 3. FLOPs and bytes: XLA against a hand count
 #
 # For the layer, count by hand. The matmul does $2 \cdot B \cdot D \cdot H$ FLOPs (each
@@ -233,7 +233,7 @@ print(f"unfused / fused time: {bench.compare(t_fused, t_unfused) ** -1:.2f}x; "
 # bias add and the relu one FLOP per output element each. The bytes: read $x$, $W$, $b$
 # once, write $y$ once, 4 bytes per fp32 element.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 hand_flops = 2 * B * D * H + 2 * B * H
 hand_bytes = (B * D + D * H + H + B * H) * 4
 
@@ -249,7 +249,7 @@ count_row("hand, matmul result unfused", hand_flops, hand_bytes + 2 * intermedia
 if AOT:
     count_row("XLA, TPU v5e (compile-only)", tpu_report.flops, tpu_report.bytes_accessed)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 # XLA's counts for this runtime's backend (they differ between CPU, GPU and TPU)
 count_row(f"XLA, this runtime ({rt.platform})", report.flops, report.bytes_accessed)
 print("kernels:", report.compute_ops)
@@ -257,7 +257,7 @@ for name, nbytes in (("hand count", hand_bytes), ("unfused hand count", hand_byt
     if report.bytes_accessed == nbytes:
         print(f"XLA's bytes equal the {name}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The FLOPs agree to within the elementwise work (compilers differ on how many FLOPs a
 # `max` costs). The bytes need a second look.
 #
@@ -274,7 +274,7 @@ for name, nbytes in (("hand count", hand_bytes), ("unfused hand count", hand_byt
 # bytes. The memory analysis and the cost analysis's per-operand counts say where that
 # is, and where it is not:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 if AOT:
     print(f"memory analysis: arguments {tpu_report.argument_bytes:,} B "
           f"(x + W + b = {(B * D + D * H + H) * 4:,}), output {tpu_report.output_bytes:,} B, "
@@ -289,7 +289,7 @@ if AOT:
 else:
     print("skipped: needs the TPU extra (libtpu) to compile for a TPU")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The memory analysis rules out padding and layout: the arguments are exactly x, W and b
 # (nothing is padded at these shapes), the output is 65,536 bytes, and there are no
 # temporaries. The extra bytes are in the cost model's per-operand counts: W is charged
@@ -299,7 +299,7 @@ else:
 # show. Why exactly 5 and 25 is **not explained here**. Keep both numbers in mind: the
 # hand count is the *floor*, XLA's number is what this compiler expects.
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "half-day"}
 # ## 4. Arithmetic intensity and the roofline
 #
 # A chip can do at most $P$ FLOP/s and move at most $W$ bytes/s, so a kernel with
@@ -308,7 +308,7 @@ else:
 # $I = 2n^3 / (3n^2 \cdot 2) = n/3$, which grows with $n$; for an elementwise op it is a
 # small constant. On a TPU v5e:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 v5e = hardware.get("v5e")
 print(f"v5e: P = {v5e.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, "
       f"W = {v5e.hbm_bytes_per_s / 1e9:.0f} GB/s, ridge I* = {roofline.ridge_point(v5e):.0f} FLOP/byte")
@@ -324,18 +324,18 @@ for label, ai in (("x + y (fp32)", roofline.elementwise_intensity(1, 2, 1, 4)),
     print(f"{label:>12}: I = {ai:7.3f}   memory-bound  at best "
           f"{roofline.attainable_flops_per_s(ai, v5e) / 1e12:6.3f} TFLOP/s")
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 import matplotlib.pyplot as plt
 
 roofline.plot(v5e, points)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Hollow markers are predictions. On a TPU or GPU this notebook also measures the
 # matmuls and places the measured points (filled) on the chip's own roof; on a CPU there
 # is no chip roof in the table to compare against, and it says so.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 if rt.chip is None:
     print("This runtime has no roof in tpu_course.hardware (a CPU or an unknown chip): "
           "measured points would not be comparable, so none are drawn.")
@@ -353,7 +353,7 @@ else:
     roofline.plot(rt.chip, measured, dtype=roof)
     plt.show()
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "half-day", "needs": "tpu"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "half-day", "needs": "tpu"}
 # ## 5. A correct benchmark, and three classic mistakes
 #
 # `bench.benchmark` compiles first and reports that time apart, warms up, waits for
@@ -361,7 +361,7 @@ else:
 # for recompilation, and warns when the spread is too large to trust. Here is what each
 # rule saves us from, with numbers from this runtime.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 n = 1024 if ON_CPU else 4096
 a = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
 
@@ -370,13 +370,13 @@ def step(a):
     return jnp.tanh(a @ a) @ a
 
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 import time
 
 good = bench.benchmark(jax.jit(step), a, repeats=5, min_time=0.2)
 good
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 # Mistake 1: no warm-up. The first call traces and compiles before it runs (clearing
 # JAX's caches makes this call as cold as the first one in a fresh process).
 jax.clear_caches()
@@ -402,11 +402,11 @@ for what, t in (("correct (harness median)", good.median_s), ("1. no warm-up", c
                 ("2. no block_until_ready", dispatch_s), ("3. recompiling each call", recompile_s)):
     print(f"{what:<26} {t * 1e3:10.3f} ms   {t / good.median_s:8.2f}x the correct time")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The harness catches the third mistake by itself: it counts JAX's compile events
 # during the timed samples and reports them.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 sizes = iter(range(10**6))
 
 
@@ -419,14 +419,14 @@ r = bench.benchmark(changing, a, repeats=5, min_time=0.0, number=1, warn=False)
 print("recompilations seen while timing:", r.recompilations)
 print(r.warnings[0])
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days", "needs": "tpu"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days", "needs": "tpu"}
 # ## 6. bf16 against fp32
 #
 # bf16 halves the bytes of every array, so a memory-bound op moves half the data, and
 # the MXU multiplies bf16 natively (fp32 matmuls on a TPU take several bf16 passes).
 # What the compiler sees, for a 1024-cubed matmul:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 for dt in (jnp.float32, jnp.bfloat16):
     s = jax.ShapeDtypeStruct((1024, 1024), dt)
     if AOT:
@@ -436,7 +436,7 @@ for dt in (jnp.float32, jnp.bfloat16):
     else:
         print("skipped: needs the TPU extra")
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 n = 1024 if ON_CPU else 8192
 for dt in (jnp.float32, jnp.bfloat16):
     m = jnp.ones((n, n), dt)
@@ -450,7 +450,7 @@ if ON_CPU:
     print("On a CPU bf16 has no fast matrix unit, so it is not faster here: this is "
           "a CPU timing, not a TPU one.")
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 7. Shapes that pad badly
 #
 # Two kinds of padding cost a TPU. **In HBM**, arrays are stored in tiles of 8 x 128
@@ -459,7 +459,7 @@ if ON_CPU:
 # 128 x 128 on v5e, 256 x 256 on v6e, and a dimension that is not a multiple pays for a
 # whole extra block. The TPU compiler's memory analysis shows the first:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 if AOT:
     for shape in ((100, 100), (128, 128), (129, 128), (64, 384)):
         r = hlo.inspect(lambda x: x + 1, jax.ShapeDtypeStruct(shape, jnp.float32), target="v5e:1x1")
@@ -470,13 +470,13 @@ if AOT:
 else:
     print("skipped: needs the TPU extra")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The MXU's padding follows from its width. A dimension $d$ mapped onto an array of
 # width $w$ uses $\lceil d/w \rceil$ blocks, of which a fraction $d / (w\lceil d/w
 # \rceil)$ does useful work. For a `[B, K] @ [K, N]` matmul the contracted $K$ and the
 # output width $N$ both land on the array:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def mxu_fraction(k, n, width):
     pad = lambda d: -(-d // width) * width  # noqa: E731
     return (k * n) / (pad(k) * pad(n))
@@ -488,12 +488,12 @@ for k, n in ((128, 128), (384, 384), (1000, 1000), (130, 130), (4096, 4096)):
     print(f"{f'{k} x {n}':>12} {mxu_fraction(k, n, v5e.mxu_size):>10.0%} "
           f"{mxu_fraction(k, n, v6e.mxu_size):>10.0%}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # 384 is a perfect fit for v5e's 128-wide MXU and, in each dimension, fills only 1.5 of
 # the 2 blocks of v6e's 256-wide one (56% of the work is useful). Where does this show
 # in the compiled program? Compile the same 384-cubed matmul for both chips:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 if AOT:
     s = jax.ShapeDtypeStruct((384, 384), jnp.bfloat16)
     for target in ("v5e:1x1", "v6e:1x1"):
@@ -505,7 +505,7 @@ if AOT:
 else:
     print("skipped: needs the TPU extra")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The two programs are the same at the HLO level: the same FLOPs, the same `T(8,128)`
 # HBM layouts, the same bytes. The MXU's block size is applied *below* HLO, when the
 # backend turns the convolution into MXU instructions, so the HLO and the memory
@@ -514,7 +514,7 @@ else:
 # measured time on the chip. Rule of thumb: keep the matmul dimensions multiples of
 # 128 on v5e and earlier, of 256 on v6e.
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
 # ## 8. Profiling a step
 #
 # Timing says *how long*; a profile says *where the time went*: which kernels ran, for
@@ -522,7 +522,7 @@ else:
 # everything inside the `with` block into `folder`; `StepTraceAnnotation` marks each
 # training step so the viewer can group them.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 import pathlib
 import tempfile
 
@@ -536,7 +536,7 @@ with jax.profiler.trace(str(logdir)):
 for path in sorted(logdir.rglob("*.*")):
     print(path.relative_to(logdir), f"{path.stat().st_size:,} bytes")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # To look at it, install the viewer and point it at the folder:
 #
 # ```
@@ -549,7 +549,7 @@ for path in sorted(logdir.rglob("*.*")):
 # from the HLO above appears as a kernel with its duration, and gaps between kernels
 # are time the chip sat idle waiting for the host.
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 9. TPU generations beside GPUs, with the same arithmetic
 #
 # The roofline needs only two numbers per chip. Here they are for the TPUs and the
@@ -557,7 +557,7 @@ for path in sorted(logdir.rglob("*.*")):
 # `hardware.SOURCES`), with the time a 8192-cubed bf16 matmul and an fp32 `x + y` of
 # $2^{28}$ elements (1 GiB per array) take at best:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 mm = roofline.estimate(roofline.matmul_flops(8192, 8192, 8192),
                        roofline.matmul_bytes(8192, 8192, 8192, 2), v5e)
 print(f"{'chip':<22} {'TFLOP/s':>8} {'HBM GB/s':>9} {'ridge':>6} {'8192^3 ms':>10} {'x+y ms':>7}")
@@ -569,14 +569,14 @@ for name in ("v4", "v5e", "v5p", "v6e", "7x", "a100", "h100", "h200"):
           f"{chip.hbm_bytes_per_s / 1e9:>9,.0f} {roofline.ridge_point(chip):>6,.0f} "
           f"{t_mm * 1e3:>10.2f} {t_add * 1e3:>7.2f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Read it by columns. The big matmul is compute-bound everywhere, so its time follows
 # the peak. The `x + y` is memory-bound everywhere, so its time follows the bandwidth,
 # and the chips rank differently. The ridge is the batch size (in tokens, for a bf16
 # layer with large weights) below which a matmul cannot keep the chip busy: a few
 # hundred on every modern chip, which is why small batches waste accelerators.
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways
 #
 # * `jit` builds a jaxpr, then StableHLO, then an optimised HLO per backend;

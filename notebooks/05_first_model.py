@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] workshop={"minutes": 7, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "one-day"}
 # # Chapter 5: A first real model: MNIST with Flax NNX and Optax
 #
 # The series this course follows reports training MNIST to **97.6 % test accuracy in under
@@ -25,7 +25,7 @@
 # in a way you can trust: compile time apart from training time, the whole test set,
 # and the runtime that produced each figure.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
 # else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
 # course's floor, it upgrades them together to a tested set and asks for one restart.
@@ -64,13 +64,13 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 rt = runtime.describe()
 print(rt.banner())
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import collections
 import pathlib
 import tempfile
@@ -90,7 +90,7 @@ from tpu_course import bench, data, models, train
 
 ON_CPU = rt.platform == "cpu"
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "one-day"}
 # ## 1. The data
 #
 # `tpu_course.data` loads MNIST: the full 60,000-image training set when it can be
@@ -98,13 +98,13 @@ ON_CPU = rt.platform == "cpu"
 # always the official 10,000-image test set. Images stay `uint8` on the host: one byte a
 # pixel, a quarter of what float32 would cost to send to the chip.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 ds = data.load_mnist()
 print(f"training set: {ds.train_set}; test set: {len(ds.test_images):,} images")
 print("train", ds.train_images.shape, ds.train_images.dtype, "labels", ds.train_labels.dtype)
 print("examples per class:", np.bincount(ds.train_labels).tolist())
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 fig, axes = plt.subplots(4, 10, figsize=(10, 4.3))
 for ax, img, label in zip(axes.flat, ds.train_images, ds.train_labels):
     ax.imshow(img, cmap="gray_r")
@@ -113,7 +113,7 @@ for ax, img, label in zip(axes.flat, ds.train_images, ds.train_labels):
 plt.tight_layout()
 plt.show()
 
-# %% [markdown] workshop={"minutes": 12, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 12, "agenda": "one-day"}
 # ## 2. The model: an `nnx.Module`
 #
 # In Flax NNX a model is a plain Python object, much like a PyTorch `nn.Module`:
@@ -127,7 +127,7 @@ plt.show()
 # benchmarks reuse: the cell below is the same code (a test keeps the two equal), so you
 # can edit and rerun it here.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.models.CNN
 class CNN(nnx.Module):
     """A small convolutional network for 28 x 28 images: 206,922 parameters by default.
@@ -176,7 +176,7 @@ class CNN(nnx.Module):
         n, h, w, c = x.shape
         return x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 model = CNN(rngs=nnx.Rngs(0))
 params = nnx.state(model, nnx.Param)  # the arrays: an nnx.State, a pytree of nnx.Param
 for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -186,13 +186,13 @@ for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
 print(f"{'total':14s} {'':18s} {models.count_params(model):>9,}")
 print("logits:", model(jnp.zeros((2, 28, 28, 1))).shape)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 mlp = models.MLP(rngs=nnx.Rngs(0))
 for name, m in (("CNN", model), ("MLP", mlp)):
     print(f"{name}: {models.count_params(m):>9,} parameters, "
           f"{models.forward_flops_per_image(m) / 1e6:.2f} MFLOP per image (forward)")
 
-# %% [markdown] workshop={"minutes": 12, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 12, "agenda": "one-day"}
 # The CNN has fewer parameters than the two-layer MLP of `models.MLP` but does four and a half times
 # the arithmetic per image: a convolution reuses each weight at every one of the 28 x 28
 # positions. That reuse is what a matrix unit likes (chapter 4's arithmetic intensity).
@@ -213,7 +213,7 @@ for name, m in (("CNN", model), ("MLP", mlp)):
 # and `nnx.jit` compiles the whole step, the model and the optimizer going in and coming
 # out updated.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def nnx_loss(model, batch):
     logits = model(models.prepare_images(batch.images))  # uint8 -> floats in [0, 1], on the chip
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels)
@@ -226,14 +226,14 @@ def nnx_train_step(model, optimizer, batch):
     optimizer.update(model, grads)  # params <- params + Adam's update, in place
     return loss
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 batch = next(train.batches(ds.train_images, ds.train_labels, 64, seed=0))
 nnx_model = CNN(rngs=nnx.Rngs(0))
 optimizer = nnx.Optimizer(nnx_model, optax.adam(1e-3), wrt=nnx.Param)
 losses = [float(nnx_train_step(nnx_model, optimizer, batch)) for _ in range(20)]
 print(f"loss on one fixed batch: {losses[0]:.2f} -> {losses[-1]:.2f} after 20 steps")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### The same step as a pure function
 #
 # The other common NNX style, and the one the rest of the course uses, splits the model
@@ -246,7 +246,7 @@ print(f"loss on one fixed batch: {losses[0]:.2f} -> {losses[-1]:.2f} after 20 st
 # (chapter 6) shard it over many chips unchanged. These are the package's own
 # definitions (`tpu_course.train`), shown here and kept equal to it by a test.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.train_step.Batch, tpu_course.train_step.TrainState
 class Batch(NamedTuple):
     """One batch: uint8 images ``(B, 28, 28)``, int32 labels ``(B,)``, float32 weights ``(B,)``.
@@ -267,7 +267,7 @@ class TrainState(NamedTuple):
     params: Any  # nnx.State of float32 nnx.Param arrays
     opt_state: Any  # the optax state for ``params``
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.train_step.loss_fn, tpu_course.train_step.make_train_step
 def loss_fn(params, graphdef, batch, compute_dtype=None):
     """Weighted mean cross-entropy of a batch, and the float32 logits: ``(loss, logits)``.
@@ -310,7 +310,7 @@ def make_train_step(model_or_graphdef, tx, *, compute_dtype=None):
 
     return train_step
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # `jax.jit(step, donate_argnums=0)` *donates* the input state: XLA may write the new
 # parameters and Adam moments into the old buffers instead of allocating a second copy
 # (the old `state` is unusable afterwards, which is fine: we never look back). On a TPU
@@ -322,7 +322,7 @@ def make_train_step(model_or_graphdef, tx, *, compute_dtype=None):
 # One step in each style, from the same initial weights and the same batch, gives the
 # same parameters:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def new_state(model, tx):
     graphdef, params = nnx.split(model, nnx.Param)  # structure | arrays
     return graphdef, TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
@@ -342,14 +342,14 @@ diff = max(float(jnp.abs(a - b).max()) for a, b in
 print(f"loss {float(metrics['loss']):.4f} (pure) vs {float(loss):.4f} (NNX); "
       f"parameters agree to 1e-6: {diff < 1e-6}")
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "one-day"}
 # ## 4. The evaluation step
 #
 # Evaluation needs no gradient: the same loss, and the number of correct predictions.
 # It returns *sums*, so that batches of any fill add up exactly over the whole test set
 # (the last batch is padded with zero-weight examples: no test image is dropped).
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.train_step.make_eval_step
 def make_eval_step(model_or_graphdef, *, compute_dtype=None):
     """The pure eval step ``(params, batch) -> {'correct', 'loss_sum', 'count'}`` (sums).
@@ -369,7 +369,7 @@ def make_eval_step(model_or_graphdef, *, compute_dtype=None):
 
     return eval_step
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 def evaluate(eval_step, params, images, labels, batch_size=1000):
     """Accuracy and mean loss over every one of ``images``."""
     totals = {"correct": 0.0, "loss_sum": 0.0, "count": 0.0}
@@ -384,7 +384,7 @@ eval_step = jax.jit(make_eval_step(graphdef))
 print("after one step:", evaluate(eval_step, state.params, ds.test_images, ds.test_labels)["count"],
       "test images counted")
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 5. An input pipeline that keeps the chip fed
 #
 # `train.batches` shuffles with a permutation seeded by (seed, epoch) and slices
@@ -393,7 +393,7 @@ print("after one step:", evaluate(eval_step, state.params, ds.test_images, ds.te
 # permutation next epoch picks other leftovers) or padded with zero-weight examples
 # (`'pad'`, every example exactly once per epoch).
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 n = len(ds.train_images)
 for mode in ("drop", "pad"):
     idx, w = train.epoch_indices(n, 64, seed=0, epoch=0, last_batch=mode)
@@ -401,13 +401,13 @@ for mode in ("drop", "pad"):
     print(f"{mode}: {len(idx)} batches of 64, {len(used):,} examples used, "
           f"{len(np.unique(used)):,} distinct")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # `jax.device_put` only *starts* a copy to the device and returns at once, and a jitted
 # step returns before it has finished too. So a queue that puts `depth` batches on the
 # device ahead of the one being used keeps the copies of batches i+1 ... i+depth
 # travelling while step i runs: the chip does not wait for the host.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.pipelines.prefetch_to_device
 def prefetch_to_device(iterator, depth=2, device=None):
     """Yield the items of ``iterator`` as device arrays, ``depth`` transfers ahead.
@@ -430,7 +430,7 @@ def prefetch_to_device(iterator, depth=2, device=None):
     while queue:  # the source is empty: hand out what is still queued
         yield queue.popleft()
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 log = []
 
 
@@ -444,7 +444,7 @@ for x in prefetch_to_device(source(), depth=2):
     log.append(f"step on {int(x[0])}")
 print(", ".join(log))
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 6. The epoch loop
 #
 # Now the whole run: Adam with a short linear warm-up and a cosine decay of the learning
@@ -455,7 +455,7 @@ print(", ".join(log))
 # state is ready (`jax.block_until_ready`). On a CPU three epochs of the 10,000-image
 # subset take seconds; on a TPU or GPU five epochs of whatever training set was loaded.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def train_epoch(step, state, images, labels, epoch, batch_size=64, depth=2):
     losses = []
     host = train.batches(images, labels, batch_size, seed=0, epoch=epoch)
@@ -465,7 +465,7 @@ def train_epoch(step, state, images, labels, epoch, batch_size=64, depth=2):
         losses.append(metrics["loss"])  # a device array: no waiting here
     return state, jnp.stack(losses)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 epochs, batch_size = (3, 64) if ON_CPU else (5, 64)
 steps_per_epoch = len(ds.train_images) // batch_size
 tx = optax.adam(optax.warmup_cosine_decay_schedule(0.0, 5e-3, 10, epochs * steps_per_epoch))
@@ -490,12 +490,12 @@ for epoch in range(epochs):
 print(f"compile {compile_s:.2f} s (measured apart); "
       f"{epochs * steps_per_epoch * batch_size / train_s:,.0f} images/s on {rt.platform.upper()}")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # The same run, reduced to what does not vary from run to run:
 print(f"trained {epochs} epochs on {ds.train_set}, {int(state.step)} steps")
 print("test accuracy >= 97.6 % at the end:", record[-1][2] >= 0.976)
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 7. Save and restore the training state (Orbax)
 #
 # A long run saves its state now and then, so that a preempted job (spot TPUs are
@@ -506,7 +506,7 @@ print("test accuracy >= 97.6 % at the end:", record[-1][2] >= 0.976)
 # (an *abstract* state: shapes and dtypes, no memory, from `jax.eval_shape`) and Orbax
 # fills it in, on the device.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 checkpoint_dir = pathlib.Path(tempfile.mkdtemp()) / "mnist_cnn"  # Orbax wants an absolute path
 checkpointer = ocp.StandardCheckpointer()
 checkpointer.save(checkpoint_dir / f"step_{int(state.step)}", state)
@@ -520,7 +520,7 @@ before = evaluate(eval_step, state.params, ds.test_images, ds.test_labels)
 after = evaluate(eval_step, restored.params, ds.test_images, ds.test_labels)
 print(f"restored step {int(restored.step)}; same test accuracy: {after == before}")
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 3, "agenda": "two-days"}
 # Resuming is then `state = restored` and the loop continues with epoch 4. (For many
 # checkpoints, keeping the last few and saving every N steps,
 # `ocp.CheckpointManager` wraps the same calls.)
@@ -529,7 +529,7 @@ print(f"restored step {int(restored.step)}; same test accuracy: {after == before
 #
 # The confusion matrix counts true class (rows) against predicted class (columns).
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 trained = nnx.merge(graphdef, state.params)
 logits = jnp.concatenate([trained(models.prepare_images(b.images)) for b in
                           train.batches(ds.test_images, ds.test_labels, 1000, shuffle=False)])
@@ -539,7 +539,7 @@ off = cm - np.diag(np.diag(cm))
 i, j = np.unravel_index(off.argmax(), off.shape)
 print(f"most common confusion: true {i} predicted as {j} ({off[i, j]} times)")
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.4]})
 a0.imshow(np.log1p(cm), cmap="Blues")
 for (r, c), v in np.ndenumerate(cm):
@@ -556,7 +556,7 @@ for k, t in enumerate(wrong):
     ax.axis("off")
 plt.show()
 
-# %% [markdown] workshop={"minutes": 10, "agenda": "two-days", "needs": "tpu"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days", "needs": "tpu"}
 # ## 9. Make it fast, and read the numbers honestly
 #
 # The measurements below ran on the runtime in the banner: on a CPU they are CPU
@@ -567,7 +567,7 @@ plt.show()
 # shipped in the package as `train.accelerator_reference()`); the course has no
 # measured TPU result yet, and none is shown as one.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 ref = train.accelerator_reference("mnist-h200")
 rows = {r["run"]: r for r in ref["rows"]}
 print(f"committed accelerator run: {rows['mnist device fp32']['device']}, jax "
@@ -576,11 +576,11 @@ for r in ref["rows"]:
     print(f"  {r['run']:20s} {r['model']:12s} batch {r['batch']:4d} {r['pipeline']:9s} "
           f"{r['dtype']:9s} {r['images_per_s']:>9,.0f} images/s  ({r['train_set']})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # **Input-pipeline stalls.** The same jitted step fed by host batches with prefetching off
 # (`depth=0`: slice on the host, copy, then step) and on (`depth=2`).
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 timing_steps = 8 if ON_CPU else 200
 x, y = ds.train_images, ds.train_labels
 
@@ -602,13 +602,13 @@ for depth in (0, 2):
 print(f"prefetch speed-up on this runtime: "
       f"{timing[0].seconds_per_step / timing[2].seconds_per_step:.2f}x")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 on_device, host_fed = rows["mnist device fp32"], rows["mnist prefetch fp32"]
 print(f"H200 (committed): host-fed with prefetch {host_fed['images_per_s']:,.0f} images/s; "
       f"data on the device, one launch per epoch {on_device['images_per_s']:,.0f} images/s "
       f"({on_device['images_per_s'] / host_fed['images_per_s']:.0f}x)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # On a CPU prefetching gains next to nothing, and that is expected: the "device" is the
 # host's own memory, so `device_put` is a copy by the same cores that run the step, and
 # there is no separate link to overlap with computing. On an accelerator the copy crosses
@@ -622,7 +622,7 @@ print(f"H200 (committed): host-fed with prefetch {host_fed['images_per_s']:,.0f}
 # launch, until the chip is busy. Measured with `bench.benchmark` on a step without
 # donation (the harness calls it again and again with the same inputs).
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 plain_step = jax.jit(make_train_step(graphdef, tx))
 sizes = (32, 256) if ON_CPU else (64, 256, 1024, 4096)
 fresh = new_state(CNN(rngs=nnx.Rngs(0)), tx)[1]
@@ -633,7 +633,7 @@ for bs in sizes:
     print(f"batch {bs:5d}: {r.median_s * 1e3:8.2f} ms/step, {bs / r.median_s:12,.0f} images/s "
           f"({rt.platform.upper()})")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 for run in ("mnist device fp32", "fashion device"):
     r = rows[run]
     features = tuple(int(c) for c in r["model"][4:-1].split(","))  # "cnn(16, 32)"
@@ -642,7 +642,7 @@ for run in ("mnist device fp32", "fashion device"):
     print(f"H200 (committed) {r['model']:12s} batch {r['batch']:4d}: {r['images_per_s']:>9,.0f} "
           f"images/s x {flops / 1e6:5.1f} MFLOP = {r['images_per_s'] * flops / 1e12:5.1f} TFLOP/s")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # A CPU's cores are kept busy by a batch of 32 already, so a bigger batch adds work
 # without adding speed, and the larger activations fall out of cache: images per second
 # stay flat or drop. An accelerator has far more arithmetic than this small model at
@@ -655,7 +655,7 @@ for run in ("mnist device fp32", "fashion device"):
 # in bf16 (the matrix units' native input) while the parameters and the optimizer stay
 # float32.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 bs = 64 if ON_CPU else 1024
 for name, dtype in (("fp32", None), ("bf16", jnp.bfloat16)):
     fn = jax.jit(make_train_step(graphdef, tx, compute_dtype=dtype), donate_argnums=donate)
@@ -663,14 +663,14 @@ for name, dtype in (("fp32", None), ("bf16", jnp.bfloat16)):
     _, t = train.time_steps(fn, s0, [jax.device_put(b) for b in host_batches(bs, timing_steps)])
     print(f"{name}: {t}  ({rt.platform.upper()})")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 fp32, bf16 = rows["mnist device fp32"], rows["mnist device bf16"]
 print(f"H200 (committed), batch {fp32['batch']}: fp32 {fp32['images_per_s']:,.0f} images/s, "
       f"bf16 {bf16['images_per_s']:,.0f} images/s "
       f"({bf16['images_per_s'] / fp32['images_per_s']:.2f}x); same test accuracy: "
       f"{abs(bf16['test_accuracy'] - fp32['test_accuracy']) < 0.002}")
 
-# %% [markdown] workshop={"minutes": 5, "agenda": "self-paced"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 5, "agenda": "self-paced"}
 # A CPU has no bf16 matrix unit: it converts bf16 to float32 and back around every
 # operation, so bf16 is slower there. On the H200 bf16 reaches the same accuracy, but at
 # batch 64 this model is too small to be limited by matrix arithmetic, so bf16 buys no
@@ -684,7 +684,7 @@ print(f"H200 (committed), batch {fp32['batch']}: fp32 {fp32['images_per_s']:,.0f
 # Time-to-accuracy and throughput come from the run above, never typed by hand: training
 # time counts training steps only; compilation is reported apart.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 print(rt.banner())
 hit = next((r for r in record if r[2] >= 0.976), None)
 if hit:
@@ -693,7 +693,7 @@ if hit:
 else:
     print(f"97.6 % not reached in {epochs} epochs (best {max(r[2] for r in record):.2%})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # `train.fit(config)` (in `tpu_course.train`) is this loop packaged, with a progress bar,
 # a `History` of every epoch, and on a TPU or GPU the faster on-device pipeline: the
 # whole training set in device memory and each epoch one compiled `lax.scan`.
@@ -704,14 +704,14 @@ else:
 # `TrainConfig.quick()` preset; only the H200's Fashion-MNIST row used a full 60,000-image
 # training set. The cell below prints what each row trained on, from the files.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 for r in ref["rows"]:
     print(f"{r['device']:16s} {r['run']:20s} {r['epochs']} epochs on {r['train_set']}: "
           f"test accuracy {r['test_accuracy']:.2%}, 97.6 % after "
           + (f"{r['time_to_976_train_s']:.2f} s of training ({r['compile_s']:.1f} s compile)"
              if r["time_to_976_train_s"] is not None else "n/a (no 97.6 % target for Fashion-MNIST)"))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # On the H200 the on-device pipeline reaches 97.6 % in a small fraction of a second of
 # training steps, while compiling the step takes seconds: that is why the two are
 # reported apart, and why a single "time to 97.6 %" that does not say what it includes

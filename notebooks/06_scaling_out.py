@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] workshop={"minutes": 8, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 8, "agenda": "half-day"}
 # # Chapter 6: Scaling out: meshes, collectives, the cost model, many hosts
 #
 # One program, many chips. This chapter lays arrays out over a *mesh* of devices, lets
@@ -37,7 +37,7 @@
 # axis, $W_{ici}$ the *bidirectional* ICI bandwidth per axis, $C$ peak FLOP/s per chip,
 # $B$ tokens, $D$ = d_model, $F$ = d_ff.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
 # else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
 # course's floor, it upgrades them together to a tested set and asks for one restart.
@@ -76,14 +76,14 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import runtime
 
 runtime.simulate_devices(8)  # before anything starts JAX: the sim tier's 8 CPU devices
 rt = runtime.describe()
 print(rt.banner())
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 import re
 from typing import Any, Callable
 
@@ -101,7 +101,7 @@ print(f"jax {jax.__version__}; sim tier: {len(jax.devices('cpu'))} CPU devices")
 print(f"real tier: {'%d %s chips' % (real_chips, rt.device_kind) if real_chips > 1 else 'not available (fewer than 2 chips)'}")
 print(f"aot tier: {'the TPU compiler is available' if HAVE_TPU_COMPILER else 'unavailable: ' + str(hlo.tpu_compiler_problem())}")
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "half-day"}
 # ## 1. Meshes, `NamedSharding`, `PartitionSpec`
 #
 # A **mesh** names the axes of a grid of devices: `jax.make_mesh((2, 4), ("x", "y"))`.
@@ -117,7 +117,7 @@ print(f"aot tier: {'the TPU compiler is available' if HAVE_TPU_COMPILER else 'un
 # (jax 0.7.2: `Auto`; jax 0.8 and later: `Explicit`), so this chapter always passes
 # `axis_types`. Both kinds exist from the course's floor, jax 0.7.2, onward.
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 cpus = jax.devices("cpu")[:8]  # the sim tier: the simulated CPU devices, even beside a TPU
 mesh2d = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2, devices=cpus)
 a = jnp.arange(64.0).reshape(8, 8)
@@ -126,19 +126,19 @@ for spec in (P("x", "y"), P("x", None), P()):
     print(f"[sim] {spec}: each device holds {placed.addressable_shards[0].data.shape}")
     jax.debug.visualize_array_sharding(placed)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # `P('x', 'y')` cuts the 8x8 array into a 2x4 grid of 4x2 blocks, one per device.
 # `P('x', None)` cuts only the rows, so the 4 devices along `y` hold copies of the same
 # half; `P()` replicates everything. With an **explicit** axis the sharding shows in the
 # array's type (`16@data`: 16 rows split over `data`), and a jitted matmul's result
 # carries its own:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 emesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,), devices=cpus)
 xe = jax.device_put(jnp.ones((16, 4)), NamedSharding(emesh, P("data")))
 print("[sim] input:", jax.typeof(xe), "  x @ w:", jax.typeof(jax.jit(jnp.matmul)(xe, jnp.ones((4, 4)))))
 
-# %% [markdown] workshop={"minutes": 17, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 17, "agenda": "half-day"}
 # ## 2. Sharding by annotations: the collectives XLA inserts
 #
 # The model of this section is a transformer's feed-forward block, `relu(x @ w1) @ w2`
@@ -149,7 +149,7 @@ print("[sim] input:", jax.typeof(xe), "  x @ w:", jax.typeof(jax.jit(jnp.matmul)
 # before use". This code is the package's (`tpu_course.parallel`), shown here because the
 # lab and the tests reuse it:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.parallel.mlp_block, tpu_course.parallel.block_loss, tpu_course.parallel.mlp_block_specs, tpu_course.parallel.sharded_block_step
 def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array,
               precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
@@ -208,7 +208,7 @@ def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | N
     return jax.jit(step, in_shardings=(param_sharding, batch_sharding, batch_sharding),
                    out_shardings=(param_sharding, replicated))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # `hlo.inspect` compiles a step at abstract arguments (`jax.ShapeDtypeStruct`s that carry
 # their shardings: nothing runs) and lists every collective in the optimised HLO, with
 # its operand bytes on one device; `comms.collective_bytes` is the cost model's
@@ -216,7 +216,7 @@ def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | N
 # split, so each device's gradient covers its slice of the batch and the gradients must
 # be summed over devices: an **all-reduce**.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 B, D, F = 64, 256, 1024
 SHAPES = {"w1": (D, F), "w2": (F, D)}
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=cpus)
@@ -240,7 +240,7 @@ for c in dp_report.collectives:
 print(dp_plan)
 print("[sim] compiled", dp_compiled, "== predicted:", dp_compiled == dp_plan.by_kind())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Three arrays are summed: the two gradients (1 MiB each in fp32) and the scalar loss.
 #
 # **What it costs on real chips.** A ring all-reduce of $V$ bytes over $|X|$ chips on a
@@ -248,7 +248,7 @@ print("[sim] compiled", dp_compiled, "== predicted:", dp_compiled == dp_plan.by_
 # latency floor of about 1 µs per hop. The same prediction, scaled to a real layer
 # ($D = 8192$, $F = 32768$, bf16), over 16 chips of one axis:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 big = comms.collective_bytes("dp", {"w1": (8192, 32768), "w2": (32768, 8192)}, devices=16,
                              bytes_per_elem=2, loss_bytes=0)
 for name in ("v5e", "v6e", "v5p"):
@@ -257,16 +257,16 @@ for name in ("v5e", "v6e", "v5p"):
     print(f"{chip.display_name:<20} W_ici = {comms.w_ici(chip) / 1e9:5.0f} GB/s per axis, "
           f"all-reduce of {big.total_bytes / 1e9:.2f} GB over 16 chips: {t * 1e3:6.1f} ms (predicted)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # DP hides that time behind the backward pass when each chip's batch is large enough:
 # compute-bound iff $B/X > C/W_{ici}$ (scaling book, training chapter).
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 for name in ("v5e", "v6e", "v5p"):
     print(f"{name}: DP compute-bound above {comms.dp_min_tokens_per_chip(name):,.0f} tokens "
           f"per chip on one axis, {comms.dp_min_tokens_per_chip(name, axes=2):,.0f} on two")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### FSDP: all-gather, then a reduce-scatter (or what the backend makes of it)
 #
 # FSDP (ZeRO-3) shards the weights (and optimizer state) like the batch. Before a layer
@@ -275,14 +275,14 @@ for name in ("v5e", "v6e", "v5p"):
 # all-gather, so FSDP moves the gradient bytes of DP plus the forward gathers (the book:
 # $4DF + 8DF$ per layer against $8DF$).
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 fsdp_report, fsdp_compiled, fsdp_plan = compare(sharded_block_step, "fsdp", mesh)
 for c in fsdp_report.collectives:
     print("[sim]   ", c)
 print(fsdp_plan)
 print("[sim] compiled:", fsdp_compiled)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The all-gathers match the model exactly (each device hands over its 1/8 shard). The
 # gradients do not come out as reduce-scatters: **XLA's CPU backend all-reduces each
 # whole gradient and every device then keeps its slice**. The operand bytes per device
@@ -292,7 +292,7 @@ print("[sim] compiled:", fsdp_compiled)
 # "all-reduce-scatter" (the report counts it as the reduce-scatter it is).
 # Compile-only, for a v5e-8 (`v5e:2x4`), where `libtpu` matching this jax is installed:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 import time
 
 if HAVE_TPU_COMPILER:
@@ -309,13 +309,13 @@ if HAVE_TPU_COMPILER:
 else:
     print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # **bf16 before gathering.** With JAX's *default* matmul precision (`precision=None`)
 # the v5e feeds its matrix units bf16, and the TPU compiler moves that conversion in
 # front of FSDP's all-gathers: they move bf16 shards, half the bytes. The cell compiles
 # the same FSDP step with the default precision and prints the gathers:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 if HAVE_TPU_COMPILER:
     rep, got, plan = compare(sharded_block_step, "fsdp", aot_mesh, target="v5e:2x4", precision=None)
     for c in rep.collectives:
@@ -327,42 +327,42 @@ if HAVE_TPU_COMPILER:
 else:
     print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # (On the CPU backend the gathers stay fp32: the CPU has no bf16 matrix unit to feed.)
 #
 # **Memory per device falls as devices grow.** XLA's memory analysis of the compiled FSDP
 # step: the argument bytes (weights + batch) per device, for 1, 2 and 8 devices.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 for n in (1, 2, 8):
     m = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,), devices=cpus[:n])
     rep = hlo.inspect(sharded_block_step("fsdp", m), *parallel.mlp_block_abstract("fsdp", m, B, D, F))
     print(f"[sim] FSDP over {n} device(s): arguments {rep.argument_bytes / 2**20:5.2f} MiB per device")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### Tensor parallelism: activations move, not weights
 #
 # Megatron splits `w1` by columns and `w2` by rows. Each device computes a slice of the
 # hidden layer with no communication, multiplies by its rows of `w2`, and the partial
 # outputs `[B, D]` are summed once: an all-reduce of **activations**.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 tp_report, tp_compiled, tp_plan = compare(sharded_block_step, "tp", mesh)
 print("\n".join("[sim]    " + line[:150] for line in tp_report.lines("all-reduce")))
 print(tp_plan)
 print("[sim] compiled:", tp_compiled, "== predicted:", tp_compiled == tp_plan.by_kind())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # TP's bytes grow with the batch, not with the weights, and they sit on the critical path
 # of every layer, so TP needs the fastest links: it stays inside a slice, on ICI. It is
 # compute-bound while $Y < M_Y F\,W_{ici}/C$:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 for name in ("v5e", "v6e", "v5p"):
     print(f"{name}: with F = 32768, TP stays compute-bound up to about "
           f"{comms.tp_max_shards(name, 32768):.0f}-way on one axis")
 
-# %% [markdown] workshop={"minutes": 17, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 17, "agenda": "two-days"}
 # ## 3. The same block by hand: `jax.shard_map`
 #
 # Inside `jax.shard_map` each device runs the function on its own block of every array
@@ -372,7 +372,7 @@ for name in ("v5e", "v6e", "v5p"):
 # on); code written for older JAX imports `jax.experimental.shard_map.shard_map`, now
 # deprecated. First the three collectives on a toy array, one row per device:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 shard_map = getattr(jax, "shard_map", None)
 if shard_map is None:  # JAX older than the course's floor
     from jax.experimental.shard_map import shard_map
@@ -393,14 +393,14 @@ print("[sim] psum on device 0:", np.asarray(t[0]).tolist())
 print("[sim] all_gather on device 3 holds", e.shape[1:], "(all rows)")
 print("[sim] psum_scatter: device i gets 8 x row i:", bool(np.allclose(mine, 8 * rows)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The block's step with those collectives written out. FSDP gathers each weight with
 # `all_gather`; JAX's derivative of an all-gather is a `psum_scatter`, so the gradients
 # come back as reduce-scatters without a line for them. DP needs no line for its
 # gradients either: the weights are the same on every device while the loss came from
 # split data, and the derivative of that broadcast is a `psum`.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.parallel.mlp_block_step
 def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None) -> Callable:
     """The same SGD step with every collective written by hand, under ``jax.shard_map``.
@@ -440,12 +440,12 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
     return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=(param_specs, batch_spec, batch_spec),
                                  out_specs=(param_specs, P())))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The collectives written by hand are the cost model's exactly, on the CPU too: this
 # time the reduce-scatter is in the program because we (through the derivative) put it
 # there. The jaxpr shows JAX's own `reduce_scatter` line before XLA sees anything.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 for strategy in ("dp", "fsdp", "tp"):
     _, got, plan = compare(mlp_block_step, strategy, mesh)
     print(f"[sim] shard_map {strategy:<4}: {got}  == predicted: {got == plan.by_kind()}")
@@ -454,7 +454,7 @@ jaxpr = str(jax.make_jaxpr(mlp_block_step("fsdp", mesh))(*fsdp_args))
 print("[sim] collectives in the FSDP jaxpr:",
       sorted({w for w in re.findall(r"\b(all_gather|reduce_scatter|psum\w*)\[", jaxpr)}))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### A ring all-reduce from `ppermute`
 #
 # A ring all-reduce over $n$ devices: cut the array into $n$ chunks; for $n-1$ steps each
@@ -462,7 +462,7 @@ print("[sim] collectives in the FSDP jaxpr:",
 # steps pass the finished chunks round (all-gather). Each device sends $2(n-1)/n$ of the
 # array: the ring's cost in section 2.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.parallel.ring_all_reduce
 def ring_all_reduce(x: jax.Array, axis: str, axis_size: int) -> jax.Array:
     """Sum ``x`` over ``axis`` with a ring of ``ppermute``s (call inside ``shard_map``).
@@ -491,7 +491,7 @@ def ring_all_reduce(x: jax.Array, axis: str, axis_size: int) -> jax.Array:
         chunks = chunks.at[(me - s) % n].set(got)
     return chunks.reshape(-1)[: flat.size].reshape(x.shape)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 x = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32)
 ring = jax.jit(shard_map(lambda v: ring_all_reduce(v, "data", 8), mesh=mesh,
                          in_specs=P("data"), out_specs=P("data")))
@@ -503,22 +503,22 @@ print(f"[sim] ring equals psum (largest difference below 1e-5): {diff < 1e-5}; "
       f"{len(ring_cs)} {ring_cs[0].kind}s of {ring_cs[0].bytes} B each "
       f"= {sum(c.bytes for c in ring_cs) / (x[0].nbytes):.3f} of the array = 2(n-1)/n")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Step by step on 4 devices (`parallel.ring_schedule`): device $i$ starts with $10^i$ in
 # each chunk, so each digit of an entry says whose value has been added in.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 for step, frame in enumerate(parallel.ring_schedule(4)):
     phase = "start" if step == 0 else ("reduce-scatter" if step <= 3 else "all-gather")
     print(f"step {step} ({phase}):", " | ".join(" ".join(f"{v:4d}" for v in row) for row in frame))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ### The three strategies on a compile-only v5e-8 and on real chips
 #
 # On TPU the compiler splits one asynchronous collective into a start, a body and a done
 # part; `hlo.inspect` counts it once.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 if HAVE_TPU_COMPILER:
     for fn in (sharded_block_step, mlp_block_step):
         for strategy in ("dp", "fsdp", "tp"):
@@ -527,7 +527,7 @@ if HAVE_TPU_COMPILER:
 else:
     print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 if real_chips > 1 and all(n % real_chips == 0 for n in (B, D, F)):
     real_mesh = jax.make_mesh((real_chips,), ("data",), axis_types=(AxisType.Auto,))
     for strategy in ("dp", "fsdp", "tp"):
@@ -547,7 +547,7 @@ else:
     print(f"[real] skipped: this runtime has {max(real_chips, 1)} accelerator chip(s) or none; "
           "the sim and aot tiers stand in for it")
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "one-day"}
 # ## 4. Topology: torus vs switch
 #
 # A TPU slice is a 2D (v5e, v6e) or 3D (v4, v5p) torus: each chip has links to its
@@ -556,7 +556,7 @@ else:
 # collective runs one way and takes twice as long; more axes add bandwidth. An NVSwitch
 # node connects every GPU to every other in one hop. A 1 GB all-gather:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 cases = [("v5e", 16, None, "one 16-chip axis, wrapped"),
          ("v5e", 8, None, "one 8-chip axis of an 8x8 v5e slice (no wrap)"),
          ("v5e", (16, 16), None, "a 16x16 pod, both axes"),
@@ -568,20 +568,20 @@ for name, axes, wrap, what in cases:
     t = comms.all_gather_time(1e9, axes, chip, wraparound=wrap)
     print(f"{what:<42} latency hops {hops:>3}, time {t * 1e3:6.2f} ms")
 
-# %% [markdown] workshop={"minutes": 7, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "two-days"}
 # ## 5. Across slices: the data-centre network
 #
 # Slices talk over DCN (host NICs and the data-centre network), not ICI. How much slower,
 # per chip, by the course's own table:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 for name in ("v5e", "v5p", "v6e"):
     chip = hardware.get(name)
     print(f"{chip.display_name:<20} ICI {chip.ici_bytes_per_s / 1e9:6,.0f} GB/s, DCN "
           f"{chip.dcn_bytes_per_s / 1e9:5.2f} GB/s per chip: DCN is "
           f"{chip.ici_bytes_per_s / chip.dcn_bytes_per_s:4.0f}x slower")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Two orders of magnitude: 128x on v5e, 192x on v5p (64x on v6e). So only the cheapest
 # strategy crosses slices. Data parallelism across $S$ slices all-reduces the gradients
 # once per step; FSDP would also gather the weights over DCN every step (worse); a
@@ -594,7 +594,7 @@ for name in ("v5e", "v5p", "v6e"):
 # **tokens per slice $B > C/W_{dcn}$**. The book's v5p example uses $C = 4.46\times10^{14}$
 # FLOP/s; the course's table (Cloud TPU's v5p page) has $4.59\times10^{14}$:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 v5p = hardware.get("v5p")
 book_c = comms.BOOK_V5P_FLOPS_PER_S  # the C of the book's v5p example, not the table's
 print(f"book:   C / W_dcn = {book_c:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
@@ -602,7 +602,7 @@ print(f"book:   C / W_dcn = {book_c:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
 print(f"course: C / W_dcn = {v5p.peak_bf16_flops_per_s:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
       f"{comms.dcn_book_min_tokens_per_slice(v5p):,.0f} tokens per slice (the table's C)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # **The course's variant** (`comms.dcn_min_tokens_per_slice`) keeps the book's overlap
 # assumption (only the backward pass, 4 of the 6 FLOPs per parameter per token, can hide a
 # gradient all-reduce: the gradients exist only once it has run) and changes two others,
@@ -611,7 +611,7 @@ print(f"course: C / W_dcn = {v5p.peak_bf16_flops_per_s:.3g} / {v5p.dcn_bytes_per
 # $B > (\text{bits}/8)\,C/(4\,W_{dcn})$. The last column shows how much an optimistic
 # reading (all 6 FLOPs overlapping) would understate it.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 print("slices  bits/param   v5p variant (4 FLOPs overlap)   if all 6 overlapped   book (bf16)")
 for s in (2, 4, 64):
     four = comms.dcn_min_tokens_per_slice("v5p", s)
@@ -619,13 +619,13 @@ for s in (2, 4, 64):
           f"   {comms.dcn_book_min_tokens_per_slice('v5p'):>11,.0f}")
 print(comms.recommend("v5e", 7e9, 1e6, slices=4))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # A figure of "350k-700k tokens per pod" circulates in notes on multislice training. Its
 # "theoretical minimum" of 176k-352k matches the variant above on a TPU7x (184,560 at two
 # slices, up to 369,120 with many) within 5%, and 350k-700k is that doubled as a margin;
 # the chip throughput behind it is not given in any source, so treat it as **unverified**.
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -638,12 +638,12 @@ ax.legend()
 ax.set_title("GPipe bubble fraction")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # A GPipe forward pass on 4 simulated stages with 6 micro-batches: each stage is one
 # device on a `stage` axis and passes its output on with `ppermute`. The timeline says
 # which micro-batch each stage worked on at each tick (`.` = idle: the bubble).
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 pmesh = parallel.cpu_mesh((4,), ("stage",))
 rng = np.random.default_rng(1)
 w = jnp.asarray(rng.standard_normal((4, 16, 16)).astype(np.float32) / 4)
@@ -659,7 +659,7 @@ for s, row in enumerate(tl):
 print(f"idle fraction {np.mean(tl < 0):.3f} vs (p-1)/(m+p-1) = {comms.pipeline_bubble(4, 6):.3f}; "
       f"outputs equal the sequential model: {np.allclose(outs, seq, atol=1e-4)}")
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 6. Many hosts: `jax.distributed`
 #
 # On a pod slice every host runs the *same* script. `jax.distributed.initialize()` joins
@@ -669,12 +669,12 @@ print(f"idle fraction {np.mean(tl < 0):.3f} vs (p-1)/(m+p-1) = {comms.pipeline_b
 # assembles the global array. Here: two processes on 127.0.0.1 with 2 CPU devices each,
 # talking through gloo (`parallel.launch_local`, which kills both if either hangs).
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 t0 = time.perf_counter()
 results = parallel.launch_local(num_processes=2, local_devices=2, steps=4, timeout_s=120)
 print(f"(two processes, {time.perf_counter() - t0:.1f} s including start-up)")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 single = parallel.train_data_parallel(parallel.make_mesh((1,), ("data",), jax.devices("cpu")[:1]), steps=4)
 for r in results:
     print(f"[sim, 2 processes] process {r['process_index']} of {r['process_count']}: "
@@ -683,7 +683,7 @@ for r in results:
 print(f"[sim, 1 device]   losses {np.round(single['losses'], 5).tolist()}")
 print("equal within 1e-5:", all(np.allclose(r["losses"], single["losses"], rtol=1e-5) for r in results))
 
-# %% [markdown] workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 3, "agenda": "two-days"}
 # On a TPU pod slice, the same worker started on every host at once (no coordinator
 # address needed there: `initialize()` reads the slice's metadata):
 #
@@ -700,7 +700,7 @@ print("equal within 1e-5:", all(np.allclose(r["losses"], single["losses"], rtol=
 # (`parallel.make_sharded_train_step`): XLA chooses the collectives here. The losses must
 # agree to float rounding: **relative tolerance 2e-5**.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 from tpu_course import data
 
 ds = data.load_mnist(download=not os.environ.get("TPU_COURSE_DATA"))
@@ -712,7 +712,7 @@ for s, losses in curves.items():
     ok = np.allclose(losses, curves["single"], rtol=2e-5)
     print(f"[sim] {s:<6} losses {np.round(losses, 4).tolist()}  matches single device: {ok}")
 
-# %% [markdown] workshop={"minutes": 4, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "one-day"}
 # ## 8. A cost audit
 #
 # Chips x hours x price. Prices come from `comms.PRICES_USD_PER_CHIP_HOUR`, dated and
@@ -720,7 +720,7 @@ for s, losses in curves.items():
 # docstring); MFU is model FLOPs per second over the chips' peak. The sim tier's CPU has
 # no TPU peak, so its MFU is not defined: it is computed only on a TPU runtime.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 fn = jax.jit(parallel.mlp_block_reference_step())
 params = {k: jnp.asarray(v) for k, v in parallel.mlp_block_params(D, F).items()}
 xb = jnp.ones((B, D)); yb = jnp.zeros((B, D))
@@ -738,13 +738,13 @@ if rt.chip is not None and rt.platform == "tpu":
 else:
     print("MFU: not defined on this runtime (no TPU peak to divide by)")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 print("This notebook's runs on a v5e-8 for 2 minutes:", comms.training_cost("v5e", 8, hours=2 / 60))
 print("A larger job (1B params, 20B tokens, 40% MFU):")
 for name in ("v5e", "v6e", "v5p"):
     print("   ", comms.training_cost(name, 256, params=1e9, tokens=20e9, mfu_=0.4))
 
-# %% [markdown] workshop={"minutes": 2, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways
 #
 # * Sharding is written as annotations: a mesh (`jax.make_mesh`, with its axis types

@@ -144,3 +144,17 @@ def test_html_export_is_self_contained(tmp_path):
 def test_html_player_refuses_nothing_to_play():
     with pytest.raises(ValueError, match="at least one frame"):
         viz.html_player([])
+
+
+def test_widget_output_carries_the_offline_player(run):
+    """A page without a kernel (the website) shows the widget's text/html: the same
+    self-contained player as export_animation, one frame per cycle, no network."""
+    import re
+
+    pytest.importorskip("ipywidgets")
+    data = viz.animate(run)._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    player = data["text/html"]
+    assert player.count("data:image/png;base64,") == len(run.trace) + 1
+    assert "<html" not in player and 'data-act="next"' in player
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(https?:)?//""", player)

@@ -16,6 +16,7 @@ Command line (from the repository root)::
     python -m tools.notebooks build --all                           # everything
     python -m tools.notebooks labs           # rewrite labs/ from solutions/
     python -m tools.notebooks check          # exit 1 and say what drifted
+    python -m tools.notebooks sync           # setup cells, README table, cell metadata
 """
 
 from __future__ import annotations
@@ -126,6 +127,60 @@ def twin_in_sync(ipynb: pathlib.Path) -> str | None:
         if x != y:
             return f"{ipynb.name} and {py.name} differ at cell {i}: {x[1][:60]!r} vs {y[1][:60]!r}"
     return f"{ipynb.name} has {len(a)} cells, {py.name} has {len(b)}"
+
+
+#: Cell metadata the ``.py`` twin owns (set in its cell headers): ``sync`` copies it into
+#: the ``.ipynb`` without re-executing, ``check`` reports drift. ``slideshow`` is where the
+#: slide decks begin slides (tools/slides.py); ``tags`` drive nbval and the labs.
+TWIN_METADATA = ("slideshow", "tags")
+
+
+def _owned(cell: Any) -> dict:
+    return {k: cell.metadata[k] for k in TWIN_METADATA if cell.get("metadata", {}).get(k)}
+
+
+def metadata_drift(ipynb: pathlib.Path) -> list[str]:
+    """Cells whose slide metadata or tags differ between ``ipynb`` and its ``.py`` twin."""
+    import nbformat
+
+    py = ipynb.with_suffix(".py")
+    if not py.exists():
+        return []
+    nb, twin = nbformat.read(ipynb, as_version=4), read_twin(py)
+    if _sources(nb) != _sources(twin):
+        return []  # twin_in_sync reports that
+    return [f"{ipynb.parent.name}/{ipynb.name} cell {i}: metadata {_owned(a)} differs from "
+            f"{py.name}'s {_owned(b)}; run `python -m tools.notebooks sync`"
+            for i, (a, b) in enumerate(zip(nb.cells, twin.cells)) if _owned(a) != _owned(b)]
+
+
+def sync_cell_metadata() -> list[str]:
+    """Copy each twin's slide metadata and tags into its ``.ipynb`` (outputs untouched).
+
+    Only where the cell sources match; returns the notebooks skipped because they do not
+    (those need a rebuild).
+    """
+    import nbformat
+
+    skipped = []
+    for py in all_twins():
+        ipynb = py.with_suffix(".ipynb")
+        if not ipynb.exists():
+            continue
+        nb, twin = nbformat.read(ipynb, as_version=4), read_twin(py)
+        if _sources(nb) != _sources(twin):
+            skipped.append(f"{ipynb.relative_to(ROOT)}: cells differ from its twin; rebuild it")
+            continue
+        changed = False
+        for a, b in zip(nb.cells, twin.cells):
+            if _owned(a) != _owned(b):
+                for k in TWIN_METADATA:
+                    a.metadata.pop(k, None)
+                a.metadata.update(copy.deepcopy(_owned(b)))
+                changed = True
+        if changed:
+            nbformat.write(nb, ipynb)
+    return skipped
 
 
 def _stub(name: str, indent: str, block: list[str]) -> str:
@@ -401,6 +456,7 @@ def check() -> list[str]:
         for ipynb in sorted((ROOT / folder).glob("*.ipynb")):
             problems += same_code_problems(ipynb)
             problems += private_name_problems(ipynb)
+            problems += metadata_drift(ipynb)
     problems += write_labs(check_only=True)
     readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else ""
     for ipynb in sorted((ROOT / "notebooks").glob("*.ipynb")):
@@ -477,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--all", action="store_true")
     sub.add_parser("labs", help="write labs/ from solutions/")
     sub.add_parser("check", help="report drift and exit 1 when there is any")
-    sub.add_parser("sync", help="rewrite every setup cell and the README chapter table")
+    sub.add_parser("sync", help="rewrite every setup cell and the README chapter table; copy "
+                   "slide metadata and tags from each .py twin into its .ipynb")
     r = sub.add_parser("run-labs", help="run each unsolved lab to its scorecard (0 of M)")
     r.add_argument("paths", nargs="*", type=pathlib.Path)
     args = parser.parse_args(argv)
@@ -493,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         from tools import workshop
 
         sync_setup_cells()
+        for line in sync_cell_metadata():
+            print(line)
         write_labs()
         sync_readme()
         workshop.sync(ROOT)

@@ -422,13 +422,13 @@ def dcn_min_tokens_per_slice(chip: hardware.Chip | str, slices: int,
     """The course's variant of the book's DCN rule: tokens per slice per step above which
     data parallelism across ``slices`` slices stays compute-bound.
 
-    Assumptions (each different from :func:`dcn_book_min_tokens_per_slice` is marked *):
+    Assumptions (each different from :func:`dcn_book_min_tokens_per_slice` is marked ``*``):
 
     * a ring all-reduce of the gradients over the slices; each slice sends
-      :func:`dcn_bits_per_param` ``= 2 (S-1)/S x grad_bits`` per parameter (*the exact
+      :func:`dcn_bits_per_param` ``= 2 (S-1)/S x grad_bits`` per parameter (``*`` the exact
       ring factor: 32 bits at two slices of fp32, approaching 64 with many; the book
       takes the many-slice limit);
-    * gradients in fp32 (``grad_bits=32``, *the book assumes bf16);
+    * gradients in fp32 (``grad_bits=32``, ``*`` the book assumes bf16);
     * a slice of ``M`` chips sends over ``M x W_dcn`` (per-chip DCN, as in the book);
     * only the backward pass, ``4`` of the ``6`` FLOPs per parameter per token
       (:data:`BACKWARD_FLOPS_PER_PARAM_TOKEN`), can overlap the all-reduce: a layer's

@@ -159,7 +159,9 @@ def frame_strip(run: systolic.SystolicRun, cycles: Sequence[int] | None = None, 
 def animate(run: systolic.SystolicRun, static_fallback: bool = True) -> Any:
     """A steppable view: play/pause and a cycle slider (ipywidgets).
 
-    Returns an ``ipywidgets.VBox``; its ``slider`` attribute is the cycle slider. When
+    Returns an ``ipywidgets.VBox``; its ``slider`` attribute is the cycle slider. Its
+    output also holds a ``text/html`` version, the self-contained :func:`html_player`,
+    which pages rendered without a kernel (the course website) show instead. When
     ipywidgets is missing, returns :func:`frame_strip` instead (or raises ImportError if
     ``static_fallback`` is False).
     """
@@ -187,7 +189,12 @@ def animate(run: systolic.SystolicRun, static_fallback: bool = True) -> Any:
 
     slider.observe(show, names="value")
     show()
-    box = widgets.VBox([widgets.HBox([play, slider]), out])
+    box = _static_html_box(widgets)([widgets.HBox([play, slider]), out])
+    # Without a kernel (the course website, nbviewer) the widget cannot run: the output
+    # also carries the self-contained player (the one ``export_animation`` writes).
+    box.static_html = html_player(frame_pngs(run), fps=1000 / play.interval, fragment=True,
+                                  title=f"systolic array animation: {run.dataflow}, "
+                                        f"{run.rows}x{run.cols}")
     box.slider = slider  # type: ignore[attr-defined]
     box.play = play  # type: ignore[attr-defined]
     return box
@@ -196,15 +203,17 @@ def animate(run: systolic.SystolicRun, static_fallback: bool = True) -> Any:
 # The one HTML frame player (exports, and later the website): frames are inline PNGs,
 # the buttons plain text, the script a few lines, so the file works offline and with no
 # CDN (matplotlib's own ``to_jshtml`` loads its button icons from one).
-_PLAYER = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>
+_PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title></head>
+<body>{player}</body></html>
+"""
+_PLAYER = """<style>
 .tpc-player {{ font-family: sans-serif; display: inline-block; }}
 .tpc-player img {{ display: block; max-width: 100%; }}
 .tpc-player button {{ font: inherit; margin: 2px; padding: 2px 8px; cursor: pointer; }}
 .tpc-player input[type=range] {{ width: 100%; }}
-</style></head>
-<body><div class="tpc-player" id="{uid}">
+</style>
+<div class="tpc-player" id="{uid}">
 <img alt="{title}" src="{first}">
 <input type="range" min="0" max="{last}" value="0" aria-label="frame">
 <div>
@@ -243,25 +252,68 @@ _PLAYER = """<!DOCTYPE html>
   slider.addEventListener("input", function () {{ pause(); show(+slider.value); }});
   show(0);
 }})();
-</script></body></html>
+</script>
 """
 
 
-def html_player(frames_png: Sequence[bytes], fps: float = 2.0, title: str = "animation") -> str:
+def html_player(frames_png: Sequence[bytes], fps: float = 2.0, title: str = "animation",
+                fragment: bool = False) -> str:
     """A self-contained HTML page that plays PNG frames: slider, first/previous/play/
     pause/next/last buttons as plain text, every frame inline (``data:`` URIs); nothing
-    is fetched from the network.
+    is fetched from the network. With ``fragment`` only the player (style, markup,
+    script) for embedding in another page, such as a notebook output.
     """
     import base64
+    import hashlib
     import json
 
     if not frames_png:
         raise errors.CourseValueError("html_player needs at least one frame")
     fps = errors.check_number("fps", fps, low=0, low_open=True)
     uris = ["data:image/png;base64," + base64.b64encode(f).decode("ascii") for f in frames_png]
-    return _PLAYER.format(title=html.escape(title), uid="tpc-player", first=uris[0],
-                          last=len(uris) - 1, frames=json.dumps(uris),
-                          interval_ms=max(1, round(1000 / fps)))
+    # A page may hold several players: the id is derived from the frames (deterministic).
+    uid = "tpc-player-" + hashlib.sha1("".join(uris).encode("ascii")).hexdigest()[:10]
+    player = _PLAYER.format(title=html.escape(title), uid=uid, first=uris[0],
+                            last=len(uris) - 1, frames=json.dumps(uris),
+                            interval_ms=max(1, round(1000 / fps)))
+    return player if fragment else _PAGE.format(title=html.escape(title), player=player)
+
+
+def _static_html_box(widgets: Any) -> type:
+    """An ``ipywidgets.VBox`` whose output also carries ``text/html`` (its ``static_html``):
+    a live kernel shows the widget, a page without one (website, nbviewer) the HTML."""
+
+    class StaticHTMLBox(widgets.VBox):
+        static_html = ""
+
+        def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+            data = {"text/plain": repr(self), "text/html": self.static_html}
+            if self._view_name is not None:
+                data["application/vnd.jupyter.widget-view+json"] = {
+                    "version_major": 2, "version_minor": 0, "model_id": self._model_id}
+            return data
+
+        def _ipython_display_(self, **kwargs: Any) -> None:  # ipywidgets 7 displays here
+            from IPython.display import display
+
+            display(self._repr_mimebundle_(), raw=True)
+
+    return StaticHTMLBox
+
+
+def frame_pngs(run: systolic.SystolicRun, dpi: int = 80) -> list[bytes]:
+    """Every cycle of ``run`` drawn by :func:`draw_frame` as PNG bytes (for players)."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_frame(run, 0)
+    pngs = []
+    for i in range(len(_frames(run))):
+        draw_frame_on(fig, run, i)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi)
+        pngs.append(buf.getvalue())
+    plt.close(fig)
+    return pngs
 
 
 def export_animation(run: systolic.SystolicRun, path: str | pathlib.Path, fps: float = 2.0) -> pathlib.Path:
@@ -286,13 +338,7 @@ def export_animation(run: systolic.SystolicRun, path: str | pathlib.Path, fps: f
                                        blit=False)
         anim.save(path, writer=animation.PillowWriter(fps=fps))
     else:
-        pngs = []
-        for i in range(len(frames)):
-            update(i)
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=80)
-            pngs.append(buf.getvalue())
-        path.write_text(html_player(pngs, fps=fps, title=f"systolic array animation: {run.dataflow}, "
+        path.write_text(html_player(frame_pngs(run), fps=fps, title=f"systolic array animation: {run.dataflow}, "
                                     f"{run.rows}x{run.cols}"), encoding="utf-8")
     plt.close(fig)
     return path

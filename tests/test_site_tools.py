@@ -1,0 +1,98 @@
+"""The authoring side of the website and the slides: slide metadata travels from the
+``.py`` twin into the ``.ipynb`` without re-executing, drift is reported, an unmarked
+chapter is named with how to mark it, and the offline link check finds a broken link.
+(The built site and decks themselves are tested in a browser: tests/test_site.py.)"""
+
+from __future__ import annotations
+
+import shutil
+
+import nbformat
+import pytest
+
+from tools import linkcheck, notebooks, slides
+
+CHAPTER = "02_first_program"
+
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    """A copy of one chapter (twin and notebook) in a throw-away repository root."""
+    (tmp_path / "notebooks").mkdir()
+    for suffix in (".ipynb", ".py"):
+        shutil.copy(notebooks.ROOT / "notebooks" / f"{CHAPTER}{suffix}",
+                    tmp_path / "notebooks" / f"{CHAPTER}{suffix}")
+    monkeypatch.setattr(notebooks, "ROOT", tmp_path)
+    monkeypatch.setattr(slides, "ROOT", tmp_path)
+    return tmp_path / "notebooks"
+
+
+def _set_header(py, index: int, slide_type: str) -> None:
+    """Change the slide type of cell ``index`` in a twin, as an author edits its header."""
+    import jupytext
+
+    nb = jupytext.read(py)
+    nb.cells[index].metadata["slideshow"] = {"slide_type": slide_type}
+    jupytext.write(nb, py, fmt="py:percent")
+
+
+def test_sync_copies_slide_metadata_without_touching_outputs(course):
+    ipynb, py = course / f"{CHAPTER}.ipynb", course / f"{CHAPTER}.py"
+    before = nbformat.read(ipynb, as_version=4)
+    code = next(i for i, c in enumerate(before.cells) if c.cell_type == "code" and c.outputs)
+    new = "fragment" if before.cells[code].metadata.get("slideshow", {}).get("slide_type") != "fragment" else "slide"
+    _set_header(py, code, new)
+    drift = notebooks.metadata_drift(ipynb)
+    assert len(drift) == 1 and f"cell {code}" in drift[0] and "sync" in drift[0]
+    assert notebooks.sync_cell_metadata() == []
+    after = nbformat.read(ipynb, as_version=4)
+    assert after.cells[code].metadata["slideshow"] == {"slide_type": new}
+    assert after.cells[code].outputs == before.cells[code].outputs  # not re-executed
+    assert notebooks.metadata_drift(ipynb) == []
+
+
+def test_sync_skips_a_notebook_whose_cells_differ(course):
+    py = course / f"{CHAPTER}.py"
+    py.write_text(py.read_text() + "\n# %%\nprint('edited, not rebuilt')\n")
+    skipped = notebooks.sync_cell_metadata()
+    assert len(skipped) == 1 and "rebuild" in skipped[0]
+
+
+def test_an_unmarked_chapter_is_named_with_how_to_mark_it(course, tmp_path):
+    pytest.importorskip("sphinx_revealjs")
+    ipynb = course / f"{CHAPTER}.ipynb"
+    nb = nbformat.read(ipynb, as_version=4)
+    for cell in nb.cells:
+        cell.metadata.pop("slideshow", None)
+    nbformat.write(nb, ipynb)
+    problems = slides.build_all(tmp_path / "out", [ipynb])
+    assert len(problems) == 1
+    assert f"notebooks/{CHAPTER}.ipynb has no slide metadata" in problems[0]
+    assert f"python -m tools.slides mark notebooks/{CHAPTER}.py" in problems[0]
+    assert not list((tmp_path / "out").glob("*.slides.html"))
+
+
+def test_first_marking_gives_a_deck_of_the_right_size(course):
+    nb = nbformat.read(course / f"{CHAPTER}.ipynb", as_version=4)
+    kinds = slides.first_marking(nb)
+    assert kinds[0] == "slide"  # the title
+    assert slides.MIN_SLIDES <= kinds.count("slide") + kinds.count("subslide") <= slides.MAX_SLIDES
+    setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    assert kinds[setup] == "skip"
+
+
+def test_every_chapter_is_marked_within_bounds():
+    for ipynb in sorted((notebooks.ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(ipynb, as_version=4)
+        if slides.is_marked(nb):
+            assert slides.MIN_SLIDES <= slides.slide_count(nb) <= slides.MAX_SLIDES, ipynb.name
+
+
+def test_linkcheck_finds_a_missing_page(tmp_path):
+    (tmp_path / "a.html").write_text('<a href="b.html#x">b</a> <img src="img/c.png">'
+                                     '<a href="https://example.org/">out</a><a href="#top">t</a>')
+    (tmp_path / "b.html").write_text("<p>b</p>")
+    assert linkcheck.broken_links(tmp_path) == ["a.html: img/c.png"]
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "c.png").write_bytes(b"\x89PNG")
+    assert linkcheck.broken_links(tmp_path) == []
