@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "two-days"}
 # # Chapter 7: Write a kernel for the MXU (Pallas)
 #
 # The six chapters so far let XLA decide everything: how a matmul is cut into tiles,
@@ -35,7 +35,7 @@
 # index_map)`, `pltpu.CompilerParams` and `pltpu.InterpretParams`; older jax (before
 # 0.6) called the last two `TPUCompilerParams` and `TPUInterpretParams`.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
 # else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
 # course's floor, it upgrades them together to a tested set and asks for one restart.
@@ -74,13 +74,13 @@ def setup_course(floor="0.7.2"):
                         "fresh process, and this cell will then install nothing.")
 setup_course()
 
-# %%
+# %% slideshow={"slide_type": "slide"}
 from tpu_course import runtime
 
 rt = runtime.describe()
 print(rt.banner())
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import functools
 import math
 
@@ -97,7 +97,7 @@ AOT = hlo.compile_only_available()  # can this machine compile for a TPU target?
 print(kernels.where_kernels_run())
 print("TPU compiler here:", "yes" if AOT else f"no: {hlo.tpu_compiler_problem()}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "two-days"}
 # ## 1. From the systolic array to a kernel
 #
 # Chapter 1's lab tiled a big matmul onto a fixed 128 x 128 array: fold the output into
@@ -123,24 +123,25 @@ print("TPU compiler here:", "yes" if AOT else f"no: {hlo.tpu_compiler_problem()}
 #   array's dimensions);
 # * **VMEM is small.** A few tens of MiB per core, against GBs of HBM:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 for name in ("v5e", "v6e"):
     chip = hardware.get(name)
     print(f"{chip.display_name}: VMEM {chip.vmem_bytes / 2**20:.0f} MiB per core, "
           f"MXU {chip.mxu_size} x {chip.mxu_size}, HBM {chip.hbm_bytes / 1e9:.0f} GB")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # (From `tpu_course.hardware`, which cites its sources: JAX's own chip table and Google's
 # documentation.) A matmul block as wide as the MXU (128 on a v5e, 256 on a v6e) keeps
 # the array full; a narrower one wastes it, as chapter 1's utilisation plot showed.
-#
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
 # ## 2. A first kernel: a matmul on a 2-D grid
 #
 # Each grid step $(i, j)$ computes one `bm x bn` output tile from a `bm x K` slab of $x$
 # and a `K x bn` slab of $y$: the whole $K$ in one block. Read the three index maps:
 # $x$'s block depends on $i$ only, $y$'s on $j$ only.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def matmul_kernel(x_ref, y_ref, o_ref):
     # one output tile: (bm, K) @ (K, bn) on the MXU, accumulated in float32
     o_ref[...] = jnp.dot(x_ref[...], y_ref[...],
@@ -162,11 +163,11 @@ def matmul(x, y, bm=128, bn=128, interpret=False, vmem_limit_bytes=None):
     )(x, y)
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Run it on small float32 arrays (the interpreter walks the grid step by step, so CPU
 # sizes stay small) and compare with `jnp.dot`:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((256, 384)), jnp.float32)
 y = jnp.asarray(rng.standard_normal((384, 256)), jnp.float32)
@@ -174,12 +175,12 @@ z = matmul(x, y, bm=128, bn=128, interpret=INTERPRET)
 err = float(jnp.abs(z - jnp.dot(x, y, precision="highest")).max())
 print(f"grid {(256 // 128, 256 // 128)}, result {z.shape}: matches jnp.dot: {err < 1e-2}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Now compile it for a TPU v5e and a v6e (compile-only where there is no TPU: the real
 # TPU compiler runs here). The whole kernel is one `custom-call` to `tpu_custom_call`
 # in the optimised HLO: XLA treats it as a black box.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 S = jax.ShapeDtypeStruct
 big = (S((1024, 1024), jnp.bfloat16), S((1024, 1024), jnp.bfloat16))
 if AOT:
@@ -190,7 +191,7 @@ if AOT:
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 8, "agenda": "two-days"}
 # ## 3. The compiler grades your blocks
 #
 # Two block choices that the interpreter runs happily but a TPU cannot:
@@ -204,7 +205,7 @@ else:
 # compiler's verdict: *fits*, *misaligned* (Pallas's `ValueError`) or *too big* (the
 # compiler's `RESOURCE_EXHAUSTED ... CompileTimeScopedVmemOom`, with the bytes asked for).
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 if AOT:
     odd = (S((400, 1024), jnp.bfloat16), S((1024, 256), jnp.bfloat16))
     print("bm=100:", kernels.compile_verdict(functools.partial(matmul, bm=100, bn=128), *odd))
@@ -214,14 +215,14 @@ if AOT:
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # 36 MiB is far less than a v5e's 128 MiB of VMEM, yet the compiler refuses: a kernel's
 # buffers must fit the compiler's **scoped VMEM limit**, a default share of VMEM set
 # aside for one kernel (the rest holds what XLA keeps there between ops). We measure
 # that default from the compiler itself: compile a kernel far too big and read the limit
 # from its refusal.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 if AOT:
     for target in ("v5e:1x1", "v6e:1x1"):
         chip = hardware.get(target.split(":")[0])
@@ -230,12 +231,12 @@ if AOT:
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # One kernel can ask for more with `compiler_params=pltpu.CompilerParams(
 # vmem_limit_bytes=...)` (our `matmul` passes it through). Raise it above what the
 # kernel needs (and below the chip's VMEM) and the same blocks compile:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 if AOT:
     roomy = functools.partial(matmul, bm=1024, bn=1024, vmem_limit_bytes=64 * 2**20)
     print("whole K, 1024 blocks, 64 MiB limit:",
@@ -243,12 +244,13 @@ if AOT:
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # That the blocks fit does not make them a good idea: a kernel holding 36 MiB leaves
 # XLA's other buffers less room, and the real fix for a long $K$ is to tile $K$ too,
 # keeping a float32 accumulator in VMEM across the $K$ steps. That kernel is yours to
 # write in the lab.
-#
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 8, "agenda": "two-days"}
 # ## 4. Block size against the MXU and the roofline
 #
 # How big should `bm` and `bn` be? Count HBM traffic. On the 2-D grid, each of the
@@ -260,7 +262,7 @@ else:
 #
 # Bigger tiles re-read less. Set the intensity $F/B$ against each chip's ridge point:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def kernel_hbm_bytes(m, k, n, bm, bn, itemsize):
     """HBM bytes of the 2-D-grid matmul: x re-read per column of tiles, y per row."""
     return (m * k * (n // bn) + k * n * (m // bm) + m * n) * itemsize
@@ -276,7 +278,7 @@ for name in ("v5e", "v6e"):
         print(f"{chip.display_name:>18} tiles {b:>4}: {ai:6.1f} FLOP/byte vs ridge "
               f"{ridge:6.1f}: {verdict}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # Intensity grows with the tile: $F/B pprox 2/(1/b_n + 1/b_m)$ FLOP per element moved
 # when $K$ is large. 128-wide tiles leave a v5e far short of its ridge; 512-wide tiles
 # just reach it. A v6e's ridge is more than twice as high, so even 1024-wide tiles leave
@@ -286,7 +288,7 @@ for name in ("v5e", "v6e"):
 # how often the kernel re-reads them. See for yourself on the 1024-cube matmul of
 # section 2 with 256-wide tiles:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 if AOT:
     report = hlo.inspect(functools.partial(matmul, bm=256, bn=256), *big, target="v5e:1x1")
     per_operand = {k: v for k, v in sorted(report.cost.items()) if k.startswith("bytes accessed")}
@@ -296,11 +298,12 @@ if AOT:
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The compiler counts each operand once (2 MiB each) and no FLOPs at all: the kernel is
 # opaque to it. The model's 18 MiB (x and y each read 4 times) is what a real chip's
 # time can check (section 6).
-#
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
 # ## 5. A fused kernel: a row-wise softmax
 #
 # A kernel earns its keep when it does in one pass what XLA does in several. A softmax
@@ -309,7 +312,7 @@ else:
 # the input from HBM again. A Pallas kernel holds a block of whole rows in VMEM and does
 # all of it there: one read, one write.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def softmax_kernel(x_ref, o_ref):
     x = x_ref[...].astype(jnp.float32)
     e = jnp.exp(x - x.max(axis=-1, keepdims=True))
@@ -335,7 +338,7 @@ a = jnp.asarray(rng.standard_normal((256, 512)), jnp.float32)
 err = float(jnp.abs(softmax(a, interpret=INTERPRET) - xla_softmax(a)).max())
 print(f"matches jax.nn.softmax: {err < 1e-5}")
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 if AOT:
     arg = S((4096, 1024), jnp.bfloat16)
     xla_r = hlo.inspect(xla_softmax, arg, target="v5e:1x1")
@@ -347,14 +350,15 @@ if AOT:
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "skip"}
 # When is a kernel worth writing? When the fusion you want is one XLA does not make
 # (here: a reduction followed by work that needs its result, over the same rows), the
 # operation is memory-bound so the saved HBM passes are the time, and the blocks fit
 # VMEM. The opposite case: a matmul followed by a bias and an activation is already one
 # fusion on a v5e (chapter 4's HLO showed it), and a hand-written kernel would at best
 # tie it. Measure before and after on a real chip.
-#
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "self-paced"}
 # ## 6. On a GPU, and on a real TPU
 #
 # **GPU.** Pallas has GPU backends too, with the same `pallas_call`, grid and
@@ -372,7 +376,7 @@ else:
 # **TPU.** On a TPU runtime the kernels above ran for real. Here we time the 2-D-grid
 # matmul against `jnp.dot` with the harness, as a fraction of the chip's peak:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 if rt.platform == "tpu":
     shape = 4096
     xb = jax.random.normal(jax.random.key(0), (shape, shape), jnp.bfloat16)
@@ -387,7 +391,7 @@ else:
     print(f"Not timed: this is a {rt.platform.upper()} runtime, where the kernels run in the "
           "TPU interpreter; its time says nothing about a TPU.")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
 # ## Summary
 #
 # * A Pallas kernel is chapter 1's tiling written down: a grid of steps, a `BlockSpec`

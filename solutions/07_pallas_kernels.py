@@ -86,7 +86,7 @@ from tpu_course.checks import NotWritten, ch07
 INTERPRET = kernels.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
 ch07.LAB
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 1: tile K too (25 min)
 #
 # The chapter's matmul held the whole $K$ in one block, which stops fitting VMEM as $K$
@@ -137,7 +137,7 @@ def matmul_ktiled(x, y, bm, bk, bn, interpret):
 # %%
 ch07.check_matmul_ktiled(matmul_ktiled)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 2: the VMEM it needs (10 min)
 #
 # Write `vmem_footprint(bm, bk, bn, itemsize)`: the bytes of VMEM your kernel's buffers
@@ -155,7 +155,7 @@ def vmem_footprint(bm, bk, bn, itemsize):
 # %%
 ch07.check_footprint(vmem_footprint)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 3: which blocks compile? (15 min)
 #
 # The problem: a bf16 matmul of 4096 x 4096 by 4096 x 4096 with your K-tiled kernel on a
@@ -181,7 +181,7 @@ verdicts = {"a": "fits", "b": "misaligned", "c": "fits", "d": "too big", "e": "m
 # %%
 ch07.check_verdicts(verdicts)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 4: fuse softmax($QK^T$) for a block of queries (25 min)
 #
 # Attention scores: `softmax(q @ k.T / sqrt(d))` over the keys, for `q` of shape
@@ -221,7 +221,7 @@ def attention_scores(q, k, bq, interpret):
 # %%
 ch07.check_attention_scores(attention_scores)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 5: on a real TPU, near `jnp.dot` (15 min, TPU only)
 #
 # Pick `fast_blocks = (bm, bk, bn)` for a 4096-cube bf16 matmul so that your

@@ -308,7 +308,7 @@ def _mesh_check() -> str:
         raise Failure("the FSDP step on 8 devices differs from the single-device step",
                       "reinstall matching jax and jaxlib, then run `tpu-course doctor`")
     report = hlo.inspect(step, placed, xs, ys)
-    kinds = parallel.observed_collectives(report)
+    kinds = report.by_kind()
     if not kinds:
         raise Failure("the compiled sharded step has no collectives",
                       "report this with `tpu-course doctor`'s output")
