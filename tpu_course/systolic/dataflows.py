@@ -125,13 +125,13 @@ def check_array_size(rows: Any, cols: Any) -> None:
 
 def check_dataflow(dataflow: Any, timing: Any = "tpu") -> Dataflow:
     """The :class:`Dataflow` named ``dataflow``, after checking it and ``timing``."""
-    if dataflow not in DATAFLOW:
+    if not isinstance(dataflow, str) or dataflow not in DATAFLOW:
         raise errors.CourseValueError(
             f"unknown dataflow {dataflow!r}; expected one of {DATAFLOWS}: "
             + ", ".join(f"{d.key!r} ({d.name}{', the TPU MXU' if d.key == 'ws' else ''})"
                         for d in DATAFLOW.values())
         )
-    if timing not in TIMINGS:
+    if not isinstance(timing, str) or timing not in TIMINGS:
         raise errors.CourseValueError(
             f"unknown timing {timing!r}; expected 'tpu' (double-buffered weights, "
             "in-place accumulation) or 'scalesim' (SCALE-Sim 3.0.0's conventions)"
