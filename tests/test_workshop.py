@@ -51,9 +51,9 @@ def test_exercise_minutes_and_needs_come_from_the_lab_registry():
 def test_a_section_without_data_is_named(course):
     twin = course / "notebooks" / "01_systolic_array.py"
     text = twin.read_text()
-    header = '# %% [markdown] workshop={"minutes": 8, "agenda": "half-day"}\n# ## 2.'
-    assert header in text
-    twin.write_text(text.replace(header, "# %% [markdown]\n# ## 2."))
+    data = ' workshop={"minutes": 8, "agenda": "half-day"}\n# ## 2.'
+    assert data in text
+    twin.write_text(text.replace(data, "\n# ## 2."))
     problems = workshop.problems(course)
     assert any("'2. The simulator at work" in p and "no workshop=" in p for p in problems)
 

@@ -28,7 +28,7 @@ _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "plans", "costs", "runtime",
     "data", "aot", "hlo_text", "hlo", "bench", "transfer", "models", "train_step", "pipelines",
     "evaluation", "train_config", "history", "checkpoints", "train", "train_cli", "parallel",
-    "multihost", "parity", "viz", "checks", "preflight", "grade",
+    "multihost", "parity", "kernels", "viz", "checks", "preflight", "grade",
 )
 
 
