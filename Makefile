@@ -20,6 +20,10 @@ export PYTHONHASHSEED := 0
 # Jupyter refuses to run as root (containers, many cloud VMs) without --allow-root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
+# Tests, notebooks and labs run JOBS at a time (pytest-xdist; one kernel per notebook).
+JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
+XDIST := -n $(JOBS) --dist loadfile
+
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
 .PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab test-site site slides labs sync notebooks bench doctor preflight clean
@@ -65,22 +69,22 @@ test: test-unit test-site test-notebooks test-labs test-colab
 test-unit test-notebooks test-labs test-colab: export TPU_COURSE_STRICT_WARNINGS := 1
 
 test-unit: setup
-	$(PY) -m pytest -q -ra tests tpu_course tools
+	$(PY) -m pytest -q -ra $(XDIST) tests tpu_course tools
 	$(PY) -m tools.notebooks check
 
 test-notebooks: setup
-	$(PY) -m pytest -q $(NBVAL) notebooks/*.ipynb solutions/*.ipynb
+	$(PY) -m pytest -q $(XDIST) $(NBVAL) notebooks/*.ipynb solutions/*.ipynb
 
 test-labs: setup
-	$(PY) -m tools.notebooks run-labs
+	$(PY) -m tools.notebooks run-labs --jobs $(JOBS)
 
 # The Colab line: unit tests, then every notebook and solution executed; their outputs are
 # compared loosely (--nbval-lax: a cell may not raise, its text may differ, since versions
 # print differently), then the unsolved labs to their scorecards.
 test-colab: setup-colab
-	$(PY_COLAB) -m pytest -q -ra tests tpu_course tools
-	$(PY_COLAB) -m pytest -q --nbval-lax --nbval-cell-timeout=300 notebooks/*.ipynb solutions/*.ipynb
-	$(PY_COLAB) -m tools.notebooks run-labs
+	$(PY_COLAB) -m pytest -q -ra $(XDIST) tests tpu_course tools
+	$(PY_COLAB) -m pytest -q $(XDIST) --nbval-lax --nbval-cell-timeout=300 notebooks/*.ipynb solutions/*.ipynb
+	$(PY_COLAB) -m tools.notebooks run-labs --jobs $(JOBS)
 
 # The website from the committed notebooks (never executed here), warnings as errors,
 # then its relative links checked offline.

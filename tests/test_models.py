@@ -29,7 +29,9 @@ def test_default_parameter_counts():
 @settings(max_examples=8, deadline=None)
 @given(c1=st.integers(1, 8), c2=st.integers(1, 8), hidden=st.integers(1, 16))
 def test_cnn_parameter_count_matches_closed_form(c1, c2, hidden):
-    model = models.CNN((c1, c2), hidden, rngs=nnx.Rngs(0))
+    # Shapes only (nnx.eval_shape): initialising each size for real compiles its
+    # initialisers, seconds per example; test_default_parameter_counts counts real models.
+    model = nnx.eval_shape(lambda: models.CNN((c1, c2), hidden, rngs=nnx.Rngs(0)))
     assert models.count_params(model) == cnn_params_closed_form(c1, c2, hidden)
 
 

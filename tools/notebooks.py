@@ -22,6 +22,7 @@ Command line (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import pathlib
 import re
@@ -537,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                    "slide metadata and tags from each .py twin into its .ipynb")
     r = sub.add_parser("run-labs", help="run each unsolved lab to its scorecard (0 of M)")
     r.add_argument("paths", nargs="*", type=pathlib.Path)
+    r.add_argument("--jobs", type=int, default=1, help="labs run at once, each on its own kernel")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         paths = all_twins() if args.all else [p.with_suffix(".py") for p in args.paths]
@@ -556,12 +558,15 @@ def main(argv: list[str] | None = None) -> int:
         sync_readme()
         workshop.sync(ROOT)
     elif args.cmd == "run-labs":
+        if args.jobs < 1:
+            parser.error(f"--jobs must be 1 or more, got {args.jobs}")
+        labs = [p.with_suffix(".ipynb") for p in args.paths or sorted((ROOT / "labs").glob("*.ipynb"))]
         problems = []
-        for lab in args.paths or sorted((ROOT / "labs").glob("*.ipynb")):
-            found, seconds = run_unsolved_lab(lab.with_suffix(".ipynb"))
-            print(f"{lab.with_suffix('.ipynb').name}: {seconds:.1f} s, "
-                  f"{'ok' if not found else f'{len(found)} problem(s)'}", flush=True)
-            problems += found
+        with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for lab, (found, seconds) in zip(labs, pool.map(run_unsolved_lab, labs)):
+                print(f"{lab.name}: {seconds:.1f} s, "
+                      f"{'ok' if not found else f'{len(found)} problem(s)'}", flush=True)
+                problems += found
         for p in problems:
             print(p)
         return 1 if problems else 0
