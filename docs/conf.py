@@ -135,6 +135,14 @@ def _root_redirect(app, exception):
             '<body><a href="docs/index.html">tpu-course</a></body></html>\n', encoding="utf-8")
 
 
+def _site_links(app, relative_path, parent_docname, content):
+    """README's links to files that are pages here (INSTRUCTORS.md is docs/instructors)
+    point at those pages when README is included into the home page."""
+    if pathlib.Path(relative_path).name == "README.md":
+        content[0] = content[0].replace("](INSTRUCTORS.md)", "](instructors.md)")
+
+
 def setup(app):
+    app.connect("include-read", _site_links)
     app.connect("build-finished", _root_redirect)
     app.connect("html-page-context", _add_kaggle_button, priority=502)
