@@ -308,7 +308,7 @@ with checks.skip_if_not_written():
     trained_model = model
     ### END SOLUTION
 
-# %%
+# %% tags=["nbval-ignore-output"]
 ch05.check_accuracy(trained_model, fashion_epochs)
 
 # %% [markdown]
