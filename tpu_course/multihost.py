@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from tpu_course import errors, parallel
+from tpu_course import errors, parallel, runtime
 
 
 
@@ -95,11 +95,7 @@ def launch_local(num_processes: int = 2, local_devices: int = 2, steps: int = 5,
     steps = errors.check_int("steps", steps, low=1)
     timeout_s = errors.check_number("timeout_s", timeout_s, low=0, low_open=True)
     port = free_port()
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env = runtime.cpu_subprocess_env(local_devices, keep_xla_flags=False)
     procs: list[subprocess.Popen] = []
     files = []
     try:

@@ -317,13 +317,9 @@ def _mesh_check() -> str:
 
 
 def _ch6_in_subprocess() -> str:
-    env = dict(os.environ)
-    env["JAX_PLATFORMS"] = "cpu"
-    flag = "--xla_force_host_platform_device_count"
-    env["XLA_FLAGS"] = " ".join([f for f in env.get("XLA_FLAGS", "").split()
-                                 if not f.startswith(flag)] + [f"{flag}={MESH_DEVICES}"])
-    package_root = str(pathlib.Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    from tpu_course import runtime
+
+    env = runtime.cpu_subprocess_env(MESH_DEVICES)
     code = ("import json, tpu_course.preflight as p\n"
             "try:\n    print(json.dumps({'ok': p._mesh_check()}))\n"
             "except p.Failure as e:\n    print(json.dumps({'failed': str(e), 'fix': e.fix}))\n")

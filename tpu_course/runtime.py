@@ -173,6 +173,26 @@ def requested_cpu_devices() -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _with_device_count(xla_flags: str, n: int) -> str:
+    """``xla_flags`` with its CPU device count (if any) replaced by ``n``."""
+    return " ".join(re.sub(_FLAG + r"=\d+", "", xla_flags).split() + [f"{_FLAG}={n}"])
+
+
+def cpu_subprocess_env(devices: int, keep_xla_flags: bool = True) -> dict[str, str]:
+    """This process's environment for a child Python that runs JAX on the CPU only, with
+    ``devices`` simulated devices and this package importable (from a checkout too).
+
+    ``keep_xla_flags=False`` drops the other ``XLA_FLAGS`` of this process.
+    """
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = _with_device_count(env.get("XLA_FLAGS", "") if keep_xla_flags else "",
+                                          devices)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def simulate_devices(n: int) -> None:
     """Make the CPU platform expose ``n`` devices, to simulate a multi-chip mesh.
 
@@ -204,8 +224,7 @@ def simulate_devices(n: int) -> None:
             "simulate_devices() before anything that touches jax.devices() or creates "
             "an array."
         )
-    flags = re.sub(_FLAG + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-    os.environ["XLA_FLAGS"] = " ".join(flags + [f"{_FLAG}={n}"])
+    os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), n)
     if "jax" in sys.modules:
         import jax
 
