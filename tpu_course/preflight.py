@@ -376,10 +376,11 @@ def _ch7() -> str:
         from jax.experimental.pallas import tpu as pltpu
     except ImportError as err:
         raise Skip(f"Pallas is not importable with jax {jax.__version__}: {err}") from None
-    interpret_params = getattr(pltpu, "InterpretParams", None)
-    if interpret_params is None:
+    from tpu_course import kernels
+
+    if not hasattr(pltpu, "InterpretParams"):
         raise Skip(f"jax {jax.__version__} has no Pallas TPU interpret mode "
-                   "(pltpu.InterpretParams); chapter 7 needs jax >= 0.7.2")
+                   f"(pltpu.InterpretParams); chapter 7 needs jax >= {kernels.MIN_JAX}")
 
     def add_kernel(x_ref, y_ref, o_ref):
         o_ref[...] = x_ref[...] + 2.0 * y_ref[...]
@@ -390,7 +391,7 @@ def _ch7() -> str:
 
     x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
     y = jnp.ones((8, 128), jnp.float32)
-    got = np.asarray(jax.jit(build(interpret_params()))(x, y))
+    got = np.asarray(jax.jit(build(kernels.interpret_mode("cpu")))(x, y))
     if not np.array_equal(got, np.asarray(x + 2.0 * y)):
         raise Failure("the Pallas kernel in TPU interpret mode differs from jnp",
                       "reinstall matching jax and jaxlib (pip install -U jax)")
