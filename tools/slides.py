@@ -171,13 +171,18 @@ def mark(py: pathlib.Path) -> int:
     import jupytext
     import nbformat
 
+    from tools import notebooks
+
     ipynb = py.with_suffix(".ipynb")
-    nb = nbformat.read(ipynb, as_version=4) if ipynb.exists() else jupytext.read(py)
     twin = jupytext.read(py)
     if is_marked(twin):
         raise SystemExit(f"{py} already has slide metadata: edit its cell headers instead")
-    if len(twin.cells) != len(nb.cells):
-        raise SystemExit(f"{py} and {ipynb} differ: rebuild the notebook first")
+    nb = twin
+    if ipynb.exists():
+        differs = notebooks.twin_in_sync(ipynb)
+        if differs:
+            raise SystemExit(f"{differs}: rebuild the notebook first")
+        nb = nbformat.read(ipynb, as_version=4)
     for cell, kind in zip(twin.cells, first_marking(nb)):
         cell.metadata["slideshow"] = {"slide_type": kind}
     jupytext.write(twin, py, fmt="py:percent")
