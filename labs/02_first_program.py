@@ -77,7 +77,7 @@ from tpu_course.checks import NotWritten, ch02
 print(runtime.describe().banner())
 ch02.LAB
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 1: count the FLOPs of a matmul (5 min)
 # Write `matmul_flops(m, k, n)`: the floating-point operations of an (m x k) @ (k x n)
 # matrix product. Every output element c[i, j] is a sum over k of products.
@@ -89,7 +89,7 @@ def matmul_flops(m: int, k: int, n: int) -> int:
 
 ch02.check_matmul_flops(matmul_flops)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 2: time a call correctly (15 min)
 # Write `time_call(fn, *args)` returning the seconds one call of the jitted `fn` takes.
 # Remember the traps of the chapter: the first call compiles, a call returns before the
@@ -104,7 +104,7 @@ def time_call(fn, *args, repeats: int = 5) -> float:
 
 ch02.check_time_call(time_call)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 3: host-to-device bandwidth (10 min)
 # Write `h2d_bandwidth(host_array)`: copy a NumPy array to the default device with
 # `jax.device_put` and return the bandwidth in **bytes per second**. Warm up with one
@@ -123,13 +123,13 @@ with checks.skip_if_not_written():
     print(f"host -> {runtime.describe().platform.upper()}: {bandwidth / 1e9:.2f} GB/s on a "
           f"{np.prod(ch02.BANDWIDTH_SHAPE) * 4 / 2**20:.0f} MiB array")
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 4: predict a copy, then time it (10 min)
 # **Before timing it**, predict from the bandwidth you just measured how many seconds it
 # takes to copy a float32 array of shape `ch02.COPY_SHAPE` (8192 x 8192) to the device;
-# assign it to `predicted_copy_s`. The check then copies it and passes within a factor
-# of 3 (a busy machine's copies vary that much; the usual mistakes are off by 4, 8 or
-# 1000).
+# assign it to `predicted_copy_s`. The check then times five copies and passes within a
+# factor of 3 of them (a busy machine's copies vary that much; the usual mistakes are off
+# by 4, 8 or 1000).
 
 # %%
 # Exercise 4 (predict a copy): write your code here
@@ -143,7 +143,7 @@ with checks.skip_if_not_written():
 # %% tags=["nbval-ignore-output"]
 ch02.check_copy_prediction(predicted_copy_s)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 5: how close to the peak? (5 min)
 # Write `fraction_of_peak(flops, seconds, chip)` for a chip name of the hardware table
 # (`'v5e'`, `'v6e'`, `'h100'`, ...): achieved FLOP/s divided by the chip's dense bf16 peak,
@@ -156,7 +156,7 @@ def fraction_of_peak(flops: float, seconds: float, chip: str) -> float:
 
 ch02.check_fraction_of_peak(fraction_of_peak)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 6: where does this chip reach half its peak? (15 min)
 # A small matmul cannot keep the matrix units busy: the chapter showed one size. Sweep
 # square bf16 matmuls `n = 256, 512, ..., 8192` with your `time_call` and `matmul_flops`,

@@ -145,9 +145,9 @@ with checks.skip_if_not_written():
 # ## Exercise 4: predict a copy, then time it (10 min)
 # **Before timing it**, predict from the bandwidth you just measured how many seconds it
 # takes to copy a float32 array of shape `ch02.COPY_SHAPE` (8192 x 8192) to the device;
-# assign it to `predicted_copy_s`. The check then copies it and passes within a factor
-# of 3 (a busy machine's copies vary that much; the usual mistakes are off by 4, 8 or
-# 1000).
+# assign it to `predicted_copy_s`. The check then times five copies and passes within a
+# factor of 3 of them (a busy machine's copies vary that much; the usual mistakes are off
+# by 4, 8 or 1000).
 
 # %%
 ### BEGIN SOLUTION Exercise 4 (predict a copy)

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from tpu_course import hardware
+from tpu_course import hardware, transfer
 from tpu_course.checks import NotWritten, ch02
 
 
@@ -143,17 +143,51 @@ def test_h2d_patch_is_removed_even_when_the_learner_raises():
 
 # -- Exercise 4 ---------------------------------------------------------------------------
 
-def test_copy_prediction_within_three_x_and_named_mistakes():
-    shape = ch02.BANDWIDTH_SHAPE
-    host = np.random.default_rng(0).random(shape, dtype=np.float32)
-    bw = bandwidth(host)
-    assert ch02.check_copy_prediction(host.nbytes / bw, shape=shape)
-    r = ch02.check_copy_prediction(host.nbytes / (8 * bw) / 4, shape=shape)  # /8 and x4 lost
-    assert not r
-    r = ch02.check_copy_prediction(host.nbytes / bw * 1e3, shape=shape)  # milliseconds
+class FakeCopies:
+    """Stands in for ``transfer.time_h2d``: copies at ``bytes_per_s``, each copy's time
+    multiplied by the next factor of ``noise`` (a busy machine), counting the calls."""
+
+    def __init__(self, bytes_per_s=2e9, noise=(1.0,)):
+        self.bytes_per_s, self.noise, self.calls = bytes_per_s, noise, 0
+
+    def __call__(self, host, device=None):
+        self.calls += 1
+        return host.nbytes / self.bytes_per_s * self.noise[self.calls % len(self.noise)]
+
+
+def test_copy_prediction_within_three_x_and_named_mistakes(monkeypatch):
+    shape = ch02.COPY_SHAPE
+    fake = FakeCopies()
+    monkeypatch.setattr(transfer, "time_h2d", fake)
+    right = shape[0] * shape[1] * 4 / fake.bytes_per_s
+    assert ch02.check_copy_prediction(right) and fake.calls == 6  # a warm-up and 5 copies
+    r = ch02.check_copy_prediction(right / 8)  # a bandwidth in bits/s
+    assert not r and "factor of 8" in r.hint and "ms" in r.answer
+    r = ch02.check_copy_prediction(right / 4)  # elements, not bytes
+    assert not r and "4 bytes per element" in r.hint
+    r = ch02.check_copy_prediction(right * 1e3)  # milliseconds
     assert not r and "1000" in r.hint
-    assert not ch02.check_copy_prediction("0.1", shape=shape)
-    assert ch02.check_copy_prediction(NotWritten("Ex 4"), shape=shape).status == "not written"
+    assert not ch02.check_copy_prediction(-right)
+    assert not ch02.check_copy_prediction("0.1")
+    assert not ch02.check_copy_prediction(float("nan"))
+    assert ch02.check_copy_prediction(NotWritten("Ex 4")).status == "not written"
+
+
+def test_copy_prediction_made_on_a_quiet_machine_passes_on_a_busy_one(monkeypatch):
+    # the copies the check times vary 1x to 5x: a prediction from the quiet bandwidth is 5x
+    # shorter than the slowest copy and below the median, yet right
+    fake = FakeCopies(noise=(1.0, 5.0, 5.0, 4.0, 5.0, 5.0))
+    monkeypatch.setattr(transfer, "time_h2d", fake)
+    right = np.prod(ch02.COPY_SHAPE) * 4 / fake.bytes_per_s
+    assert ch02.check_copy_prediction(right)
+    assert not ch02.check_copy_prediction(right / 8)
+
+
+def test_copy_prediction_measures_a_real_copy():
+    # the real timer, on a small array: a prediction of an hour is refused with the copies'
+    # measured range in the answer
+    r = ch02.check_copy_prediction(3600.0, shape=SMALL)
+    assert not r and "bytes took" in r.answer
 
 
 # -- Exercise 5 ---------------------------------------------------------------------------

@@ -258,10 +258,12 @@ def check_h2d_bandwidth(h2d_bandwidth: Callable[[np.ndarray], Any],
 
 @LAB.exercise(EX4, minutes=10, names=("predicted_copy_s",), kind="predict")
 def check_copy_prediction(predicted_copy_s: Any, shape: tuple[int, int] = COPY_SHAPE,
-                          slack: float = 3.0, repeats: int = 3) -> CheckResult:
+                          slack: float = 3.0, repeats: int = 5) -> CheckResult:
     """Exercise 4: the predicted seconds to copy a float32 array of ``shape`` to the device,
-    against the median of ``repeats`` measured copies (after one warm-up), within a factor
-    ``slack`` (3: a busy CPU's memory copies vary that much)."""
+    against ``repeats`` measured copies (after one warm-up). It passes within a factor
+    ``slack`` of the range of the copies: from the fastest / ``slack`` to the slowest x
+    ``slack`` (a busy machine's memory copies vary by more than 3x from one to the next, so
+    a single median would fail a right prediction made a minute earlier)."""
     from tpu_course import transfer
 
     got = as_number(EX4, predicted_copy_s, "the predicted seconds")
@@ -269,12 +271,14 @@ def check_copy_prediction(predicted_copy_s: Any, shape: tuple[int, int] = COPY_S
         return got
     host = np.random.default_rng(2).random(shape, dtype=np.float32)
     transfer.time_h2d(host)
-    measured = statistics.median(transfer.time_h2d(host) for _ in range(repeats))
-    answer = f"{host.nbytes:,} bytes took {measured * 1e3:.1f} ms (median of {repeats})"
+    copies = [transfer.time_h2d(host) for _ in range(repeats)]
+    fastest, slowest, measured = min(copies), max(copies), statistics.median(copies)
+    answer = (f"{host.nbytes:,} bytes took {fastest * 1e3:.1f} to {slowest * 1e3:.1f} ms "
+              f"(median {measured * 1e3:.1f} ms of {repeats} copies)")
     if got <= 0:
         return fail(EX4, "a time must be positive", answer=answer)
     ratio = got / measured
-    if 1 / slack <= ratio <= slack:
+    if fastest / slack <= got <= slowest * slack:
         return ok(EX4, f"predicted {got * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms "
                        f"({ratio:.2f}x; tolerance {slack:g}x): a large copy takes its bytes "
                        "divided by the link's bandwidth")
