@@ -10,6 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from tpu_course import comms, hardware
 
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
+
 
 def test_pure_layer_does_not_import_jax():
     import subprocess

@@ -7,6 +7,8 @@ import pytest
 
 from tpu_course import hardware
 
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
+
 # Critical intensities from shared/hardware_facts.md section 4 (FLOP/byte), recomputed
 # from the table's canonical values; 10% tolerance as the fact sheet suggests.
 FACT_SHEET_CRITICAL = {"v2": 64, "v4": 229, "v5e": 240, "v5p": 166, "v6e": 560, "7x": 312,

@@ -10,6 +10,8 @@ import pytest
 
 from tools import notebooks
 
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
+
 
 def _nb(*cells):
     nb = nbformat.v4.new_notebook()

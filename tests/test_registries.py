@@ -11,8 +11,12 @@ import importlib
 import re
 from pathlib import Path
 
+import pytest
+
 import tpu_course
 from tpu_course import checks, hardware
+
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tpu_course"

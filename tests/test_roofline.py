@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from tpu_course import hardware, roofline
 
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
+
 CHIPS = [hardware.get(n) for n in hardware.names()]  # rows with a bf16 peak
 CHIPS = [c for c in CHIPS if c.peak_bf16_flops_per_s is not None]
 

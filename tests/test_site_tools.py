@@ -12,6 +12,8 @@ import pytest
 
 from tools import linkcheck, notebooks, slides
 
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
+
 CHAPTER = "02_first_program"
 
 

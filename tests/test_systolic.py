@@ -15,6 +15,8 @@ from tpu_course import systolic as S
 from tpu_course.systolic import batched
 from tpu_course.systolic.batched import os_tags, stream_tags
 
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
+
 DATA = pathlib.Path(__file__).parent / "data" / "scalesim_cases.json"
 
 shapes = st.tuples(st.integers(1, 11), st.integers(1, 11), st.integers(1, 11))

@@ -6,6 +6,8 @@ import pytest
 
 from tools import workshop
 
+pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
+
 
 @pytest.fixture()
 def course(tmp_path):
