@@ -144,9 +144,11 @@ plt.show()
 #
 # The TPU's matrix unit (MXU) is **weight-stationary**: the cells hold a tile of B (the
 # weights), rows of A (the activations) stream in from the left, and partial sums flow
-# down and leave at the bottom. `systolic.simulate` does this cycle by cycle, moving
-# every register one cell per cycle with numpy over the whole grid. Its cycle model (the
-# module docstring states it in full):
+# down and leave at the bottom. `systolic.simulate(..., trace=True)` does this cycle by
+# cycle, moving every register one cell per cycle with numpy over the whole grid. With
+# the trace off (the default, for big problems) it moves one fold's valid bits cycle by
+# cycle and then does the same multiply-adds, in the same order, one array row at a time.
+# Its cycle model (the module docstring states it in full):
 #
 # * cycles are numbered from 0; loading the weights takes `R` cycles;
 # * activation `a[i,k]` enters row `k` at cycle `R + i + k` (row `k` of the edge buffer

@@ -7,13 +7,15 @@ one multiply-accumulate, and results leave at the array's edge. The whole grid i
 with a few numpy operations per cycle (never a Python loop over cells). The cycle count it
 observes is checked against :func:`cycle_count`, a closed form derived independently.
 
-With ``trace=False`` (the default) every dataflow advances a whole batch of folds per
-numpy step: every register array gets a leading fold axis, each fold runs on its own
-timeline, and the controller then places the folds on one clock from the times it
-observed (when weights latched, when vectors entered, when tagged results left). The
-values and the cycle count are the same as cycle by cycle on one array, which
-``trace=True`` still does (for animations of small arrays), and a test holds the two
-engines equal.
+With ``trace=False`` (the default) the movement is simulated once per run rather than
+once per fold: every fold streams the same number of vectors through the same cells, so
+one fold's tags (valid bits) and labels, moved cycle by cycle, show when its weights
+latch, when vectors enter, which vector meets which cell in which cycle and when tagged
+results leave. The values then follow one array row at a time for a batch of folds (the
+same multiplies and adds in the same order), and a controller places the folds on one
+clock from the observed times. The values and every count are the same as cycle by
+cycle on one array, which ``trace=True`` still does (for animations of small arrays),
+and a test holds the two engines equal.
 
 Where things are: :mod:`.dataflows` (the table :data:`DATAFLOW` of what each dataflow
 is, the fold grid, the argument checks and the closed form :func:`cycle_count`),
@@ -135,8 +137,8 @@ def simulate(a: Any, b: Any, rows: int = 4, cols: int = 4, dataflow: str = "ws",
         dataflow: ``"ws"`` (weight-stationary, the TPU), ``"os"`` or ``"is"``.
         timing: ``"tpu"`` or ``"scalesim"`` (SCALE-Sim 3.0.0, ideal memory).
         trace: record a :class:`Frame` per cycle (for small arrays: the animation).
-            The engine then runs one array cycle by cycle instead of a batch of folds
-            per numpy step (same values and cycles, much slower on big problems).
+            The engine then moves every register of one array cycle by cycle (same
+            values and cycles, much slower on big problems).
 
     Returns:
         A :class:`SystolicRun` with the result, cycles and their parts, folds,

@@ -1,12 +1,20 @@
-"""The engines with the trace off: a batch of folds per numpy step.
+"""The engines with the trace off: the movement simulated once, the values row by row.
 
-Each register array gets a leading *fold* axis: slot ``b`` of a batch holds the array as
-it runs fold ``b``, and one numpy step advances every fold of the batch by one cycle of
-its own timeline. A fold's values never meet another fold's (in any cycle a cell holds
-one fold's operands), so they are the values the shared array computes; only the clock
-differs. Each fold's timeline is observed in cycles since its own start, and a controller
-then places the folds on one clock by the ``timing`` rule. ``tests/test_systolic.py``
-holds these engines equal to the cycle-by-cycle ones in :mod:`.engines`.
+Every fold of a run streams the same number of vectors through the same cells, so the
+*movement* -- which vector sits in which register in which cycle, when a column's
+weights latch, when results leave the bottom edge -- is the same for every fold. It is
+simulated once, cycle by cycle, on tags (valid bits) and labels (:func:`stream_tags`,
+:func:`load_path`, :func:`os_tags`), the way SCALE-Sim simulates operand addresses. What
+the movement shows is that cell ``(k, j)`` meets vector ``i`` at stream cycle
+``i + k + j``, holding vector ``i``'s activation and the partial sum of vector ``i`` from
+the cell above. The *values* then follow in the order the cells compute them, one array
+row at a time for every fold and vector at once: row 0's products, then row 1 adds its
+products to them, and so on (:func:`row_sweep`; :func:`os_sweep` adds output-stationary
+products in the order the operands arrive). Same multiplications, same additions, same
+order as the cycle-by-cycle engines of :mod:`.engines`, which ``trace=True`` runs and
+``tests/test_systolic.py`` holds these equal to, bit for bit, in every cycle count,
+phase, traffic record and MAC count. A controller places the folds' timelines on one
+clock by the ``timing`` rule and checks the hazards the shared array would have.
 """
 
 from __future__ import annotations
@@ -18,21 +26,22 @@ import numpy as np
 
 from tpu_course.systolic.dataflows import Dataflow, FoldGrid
 from tpu_course.systolic.engines import (assemble_os, fold_accounting, load_feed, os_segments,
-                                         skewed_feed, stationary_tiles)
+                                         stationary_tiles)
 from tpu_course.systolic.results import EngineRun
 
-# Cells (folds x rows x cols) one batched step may cover: 16 folds of a 128 x 128 array.
-# Bigger batches mean fewer Python-level steps; on a 2-core EPYC 8-16 folds of 128 x 128
-# were equally fast (bench/bench_systolic.py) and 1-2 folds clearly slower.
-_BATCH_CELLS = 1 << 18
+# Values one batched numpy step may hold (folds x partial sums per fold): 64K, 256 KiB of
+# float32, so a batch's partial sums and products stay in a core's L2 cache from one
+# array row to the next; many small folds (a 4 x 4 array) still share one step.
+_BATCH_CELLS = 1 << 16
 
 
-def batches(n_rows: int, n_cols: int, R: int, C: int) -> Iterator[tuple[range, range]]:
-    """Batches of at most ``_BATCH_CELLS`` cells of an ``n_rows x n_cols`` grid of R x C
-    folds, as (row tiles, column tiles): row tiles outer, as many of them as fit (folds
-    of one row tile receive the same stream), then the column tiles that still fit."""
-    r_per = min(n_rows, max(1, _BATCH_CELLS // (R * C)))
-    c_per = max(1, _BATCH_CELLS // (r_per * R * C))
+def batches(n_rows: int, n_cols: int, per_fold: int) -> Iterator[tuple[range, range]]:
+    """Batches of folds of an ``n_rows x n_cols`` fold grid holding at most
+    ``_BATCH_CELLS`` values (``per_fold`` each), as (row tiles, column tiles): row tiles
+    outer, as many of them as fit (folds of one row tile receive the same stream), then
+    the column tiles that still fit."""
+    r_per = min(n_rows, max(1, _BATCH_CELLS // per_fold))
+    c_per = max(1, _BATCH_CELLS // (r_per * per_fold))
     for r0 in range(0, n_rows, r_per):
         for c0 in range(0, n_cols, c_per):
             yield range(r0, min(n_rows, r0 + r_per)), range(c0, min(n_cols, c0 + c_per))
@@ -96,21 +105,48 @@ def stream_tags(T: int, R: int, C: int) -> dict[str, Any]:
             "last_issue": int(np.flatnonzero(issue)[-1]), "cycles": u}
 
 
+def load_path(R: int, C: int) -> np.ndarray:
+    """Simulate the load path of one fold on labels; return the cycle (since the load
+    started) in which each column latches its weights into the shadow registers.
+
+    Column ``j`` pushes its weight rows down from the top edge, bottom row first,
+    starting ``j`` cycles late, and latches the chain into the shadow registers after
+    ``R`` shifts. Every fold's weights take the same path, so one fold of labels (cell
+    ``(k, j)``'s label is ``k * C + j + 1``) shows where every weight lands: the check
+    that each label reaches its own cell is the check that every fold's shadow registers
+    hold its tile.
+    """
+    labels = (np.arange(R * C) + 1).reshape(1, R, C)
+    lfeed = load_feed(labels)                   # (load cycle, fold, column)
+    old, chain = np.zeros((R, C), np.int64), np.zeros((R, C), np.int64)
+    shadow = np.zeros((R, C), np.int64)
+    latch = np.full(C, -1)
+    for v in range(R + C - 1):                  # cycles since the load started
+        old, chain = chain, old
+        lo, hi = max(0, v - R + 1), min(C, v + 1)
+        chain[1:, lo:hi] = old[:-1, lo:hi]
+        chain[0, lo:hi] = lfeed[v, 0, lo:hi]
+        j = v - (R - 1)
+        if 0 <= j < C:
+            shadow[:, j] = chain[:, j]
+            latch[j] = v
+    if not (shadow == labels[0]).all():
+        raise RuntimeError("systolic: the load path put a weight in the wrong cell (simulator bug)")
+    return latch
+
+
 def run_stationary(df: Dataflow, x: np.ndarray, s: np.ndarray, R: int, C: int,
                    timing: str) -> EngineRun:
-    """The weight-stationary engine with the trace off: many folds per numpy step.
+    """The weight-stationary engine with the trace off.
 
-    The machine is the one :func:`.engines.run_stationary` runs (same registers, same moves, same
-    additions in the same order), but each register array gets a leading *fold* axis:
-    slot ``b`` of a batch holds the array as it runs fold ``b`` (folds of one K tile
-    share their activation registers, which hold the same values), and one numpy step
-    advances every fold of the batch by one cycle of its own timeline. A fold's values never meet
-    another fold's (in any cycle a cell holds one fold's vector), so they are the values
-    the shared array computes; only the clock differs. Each fold's timeline is observed
-    in cycles since its own start -- when its first column of weights latches, when its
-    edge buffer issues vectors and when tagged results leave the bottom edge
-    (:func:`stream_tags`) -- and the controller then places the folds on one clock by
-    the ``timing`` rule, from those observed times: one after another for
+    The machine :func:`.engines.run_stationary` runs, observed through one fold's
+    movement: when each column's weights latch (:func:`load_path`), when the edge buffer
+    issues vectors, when the first vector reaches each cell (the fold's weights go live
+    there) and when tagged results leave the bottom edge (:func:`stream_tags`). The
+    values are the cells' multiply-adds in the order the cells do them
+    (:func:`row_sweep`), a batch of folds at a time; the K tiles' partial sums are added
+    in order, as they leave the array. The controller then places the folds on one clock
+    by the ``timing`` rule, from those observed times: one after another for
     ``"scalesim"``, double-buffered for ``"tpu"``. It checks the hazards the shared
     array would have: a column's weights must latch before its first vector arrives,
     and (``"tpu"``) the next fold's weights must not overwrite a shadow register before
@@ -123,55 +159,41 @@ def run_stationary(df: Dataflow, x: np.ndarray, s: np.ndarray, R: int, C: int,
     dt = x.dtype
     tags = stream_tags(T, R, C)
     slot, U = tags["slot"], tags["cycles"]
-    feed = skewed_feed(x, R)    # one per K tile: row k sends x[i, kb*R + k] at cycle i + k
     # The n-th tagged value out of the bottom of column j is result n of that column.
-    jj, uu = np.divmod(np.flatnonzero(tags["out"].T.ravel()), U)
-    if len(uu) != T * C:
+    if int(tags["out"].sum()) != T * C:
         raise RuntimeError("systolic: results lost in the array (simulator bug)")
+    latch = load_path(R, C)
+    shadow = stationary_tiles(s, grid, R, C)    # (fold, row, column): what the load path latched
+    # Row k of K tile b's edge buffer sends x[i, b*R + k] (zero beyond K): (tile, row, vector)
+    xs = np.zeros((T, nkb * R), dt)
+    xs[:, :kd] = x
+    xs = xs.reshape(T, nkb, R).transpose(1, 2, 0).copy()
 
-    # -- load path, every fold at once: column j pushes its weight rows (bottom row
-    #    first) down from the top edge, starting j cycles late, and latches them into
-    #    the shadow registers after R shifts
-    lfeed = load_feed(stationary_tiles(s, grid, R, C))   # (load cycle, fold, column)
-    chains = [np.zeros((F, R, C), dt) for _ in range(2)]
-    shadow = np.zeros((F, R, C), dt)
-    latch = np.full(C, -1)
-    for v in range(R + C - 1):                  # cycles since the load started
-        old, chain = chains[v & 1], chains[1 - (v & 1)]
-        lo, hi = max(0, v - R + 1), min(C, v + 1)
-        chain[:, 1:, lo:hi] = old[:, :-1, lo:hi]
-        chain[:, 0, lo:hi] = lfeed[v, :, lo:hi]
-        j = v - (R - 1)
-        if 0 <= j < C:
-            shadow[:, :, j] = chain[:, :, j]
-            latch[j] = v
-    del lfeed, chains
-
-    # -- streams, a batch of folds at a time. Folds that share a K tile receive the same
-    #    activation stream, so in every cycle of their timelines their activation
-    #    registers hold the same values: a batch keeps one copy of them per K tile.
-    out = np.zeros((T, nd), dt)
-    bfeed = feed.transpose(1, 0, 2).copy()      # (cycle, K tile, row)
-    for kbs, nbs in batches(nkb, nnb, R, C):
+    acc = np.zeros((nnb, C, T), dt)             # column tile, column, vector
+    for kbs, nbs in batches(nkb, nnb, T * C):
         fidx = np.array(nbs)[:, None] * nkb + np.array(kbs)[None, :]
-        res = stream_batch(bfeed[:, kbs.start:kbs.stop], shadow[fidx], tags, uu, jj, T, R, C)
-        for b_nb, nb in enumerate(nbs):          # K tiles in order: the
-            sl = slice(nb * C, min(nd, nb * C + C))   # same order as accumulating
-            for b_kb in range(len(kbs)):
-                out[:, sl] = out[:, sl] + res[b_nb, b_kb, :, :sl.stop - sl.start]
+        res = row_sweep(xs[kbs.start:kbs.stop], shadow[fidx])
+        for b_kb in range(len(kbs)):            # K tiles in order, as they accumulate
+            acc[nbs.start:nbs.stop] = acc[nbs.start:nbs.stop] + res[:, b_kb]
+    out = acc.transpose(2, 0, 1).reshape(T, nnb * C)[:, :nd]
     # -- controller: place the folds' observed timelines on one clock
+    # The hazards, per column j: load_start + latch[j] < previous stream_start +
+    # last_swap[j] (a shadow register overwritten before its swap) and load_start +
+    # latch[j] >= stream_start + first_arrival[j] (weights late); the worst column decides.
+    overwrite_margin = int(np.min(latch - tags["last_swap"]))
+    late_margin = int(np.max(latch - tags["first_arrival"]))
     load_start, stream_start = [0] * F, [0] * F
     for f in range(F):
         if f > 0 and timing == "scalesim":  # the next load starts once the last result left
             load_start[f] = stream_start[f - 1] + tags["last_out"] + 1
         elif f > 0:                          # double buffering: load while the previous streams
             load_start[f] = stream_start[f - 1]
-            if np.any(load_start[f] + latch < stream_start[f - 1] + tags["last_swap"]):
+            if overwrite_margin < stream_start[f - 1] - load_start[f]:
                 raise RuntimeError("systolic: shadow weights overwritten before their swap")
         stream_start[f] = load_start[f] + int(latch[0]) + 1      # column 0 has latched
         if f > 0 and timing == "tpu":        # ... and the previous fold has issued its vectors
             stream_start[f] = max(stream_start[f], stream_start[f - 1] + tags["last_issue"] + 1)
-        if np.any(load_start[f] + latch >= stream_start[f] + tags["first_arrival"]):
+        if late_margin >= stream_start[f] - load_start[f]:
             raise RuntimeError("systolic: a column's weights latched after its first vector")
     ncyc = stream_start[-1] + tags["last_out"] + 1
     issue = np.zeros(ncyc, bool)
@@ -179,70 +201,35 @@ def run_stationary(df: Dataflow, x: np.ndarray, s: np.ndarray, R: int, C: int,
         issue[stream_start[f]:stream_start[f] + U] |= tags["issue"][:ncyc - stream_start[f]]
     stats, macs = fold_accounting(df, grid, stream_start, T, timing, ncyc + T + R + C)
     segs = []
+    last_in = {ru: int(np.flatnonzero(slot[:, :ru].any(axis=1))[-1])  # last real operand
+               for ru in set(grid.rows_used)}
     for f in range(F):
         s0 = stream_start[f]
-        last_in = int(np.flatnonzero(slot[:, :grid.rows_used[f]].any(axis=1))[-1])  # last real operand
-        segs.append((load_start[f], s0, s0 + tags["first_out"], s0 + last_in,
+        segs.append((load_start[f], s0, s0 + tags["first_out"], s0 + last_in[grid.rows_used[f]],
                      s0 + tags["last_out"]))
     return EngineRun(out.T.copy() if df.key == "is" else out, ncyc, tuple(segs), issue, stats,
                      (nkb, nnb), macs[:ncyc])
 
 
-def stream_batch(bfeed: np.ndarray, w_shadow: np.ndarray, tags: dict[str, Any], uu: np.ndarray,
-                  jj: np.ndarray, T: int, R: int, C: int) -> np.ndarray:
-    """Stream a batch of folds (``NB`` column tiles x ``KB`` K tiles) through the array.
+def row_sweep(xs: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The values a batch of weight-stationary folds (``NB`` column tiles x ``KB`` K
+    tiles) sends out of the bottom edge, computed one array row at a time.
 
-    ``bfeed[u, b]`` is what K tile ``b``'s skewed edge buffer sends into the left edge at
-    stream cycle ``u``; ``w_shadow`` (NB x KB x R x C) the latched weights. Each cycle:
-    where the first vector arrives (``tags["swaps"]``) the shadow weights go live; the
-    edge buffer feeds column 0 and every other activation moves one cell right; each
-    cell multiplies its activation by its weight and adds the partial sum arriving from
-    the cell above; the bottom row leaves the array. Returns the tagged results,
-    NB x KB x T x C (result ``i`` of column ``j`` is the ``i``-th tagged value that left
-    the bottom of column ``j``).
+    ``xs[b, k]`` holds the vectors' values that K tile ``b``'s row ``k`` receives
+    (vector ``i`` at position ``i``), ``w`` (NB x KB x R x C) the folds' weights. Cell
+    ``(k, j)`` multiplies vector ``i``'s activation by its weight and adds the product
+    to vector ``i``'s partial sum arriving from cell ``(k - 1, j)``; row 0 has none above
+    and sends its products. Every cell does that for every vector of the stream, so row
+    ``k`` of every fold is one broadcast multiply and one add over all columns and
+    vectors. Returns NB x KB x C x T: column ``j``'s result ``i``.
     """
-    NB, KB = w_shadow.shape[:2]
-    dt = w_shadow.dtype
-    U, n_feed = tags["cycles"], T + R - 1
-    acts = [np.zeros((KB, R, C), dt) for _ in range(2)]
-    psums = [np.zeros((NB, KB, R, C), dt) for _ in range(2)]
-    w_active = np.zeros((NB, KB, R, C), dt)
-    bottom = np.zeros((U, NB, KB, C), dt)
-    wa_flat, ws_flat = w_active.reshape(NB * KB, R * C), w_shadow.reshape(NB * KB, R * C)
-    swaps = iter(tags["swaps"])
-    next_swap = next(swaps, (-1, None))
-    views: dict[tuple[int, int, int, int, int], tuple[Any, ...]] = {}
-    for u in range(U):
-        if u == next_swap[0]:                   # the first vector reaches these cells now
-            wa_flat[:, next_swap[1]] = ws_flat[:, next_swap[1]]
-            next_swap = next(swaps, (-1, None))
-        # the rectangle of cells that can hold a vector this cycle (the rest are idle)
-        r0, r1 = max(0, u - (T - 1) - (C - 1)), min(R, u + 1)
-        lo, hi = max(0, u - (T - 1) - (R - 1)), min(C, u + 1)
-        if r0 >= r1 or lo >= hi:
-            continue
-        key = (u & 1, r0, r1, lo, hi)
-        v = views.get(key)
-        if v is None:
-            a_old, a_new = acts[u & 1], acts[1 - (u & 1)]
-            p_old, p_new = psums[u & 1], psums[1 - (u & 1)]
-            a0, k0 = max(lo, 1), max(r0, 1)
-            v = views[key] = (
-                a_new[:, r0:r1, 0] if lo == 0 else None,
-                a_new[:, r0:r1, a0:hi], a_old[:, r0:r1, a0 - 1:hi - 1],
-                a_new[:, r0:r1, lo:hi], w_active[..., r0:r1, lo:hi], p_new[..., r0:r1, lo:hi],
-                p_new[..., k0:r1, lo:hi], p_old[..., k0 - 1:r1 - 1, lo:hi],
-                p_new[..., R - 1, lo:hi] if r1 == R else None)
-        edge, a_dst, a_src, a_cur, w_cur, p_cur, p_acc, p_above, p_bottom = v
-        if edge is not None:                    # activations: the edge buffer feeds column 0
-            edge[...] = bfeed[u, :, r0:r1] if u < n_feed else 0
-        a_dst[...] = a_src                      # ... and every other one moves one cell right
-        np.multiply(a_cur, w_cur, out=p_cur)    # each cell's product (every column tile);
-        if p_acc.size:                          # then add the partial sum from above
-            np.add(p_acc, p_above, out=p_acc)
-        if p_bottom is not None:
-            bottom[u, ..., lo:hi] = p_bottom
-    return bottom[uu, :, :, jj].reshape(C, T, NB, KB).transpose(2, 3, 1, 0)
+    R = w.shape[2]
+    psum = np.multiply(w[:, :, 0, :, None], xs[None, :, 0, None, :])
+    product = np.empty_like(psum)
+    for k in range(1, R):
+        np.multiply(w[:, :, k, :, None], xs[None, :, k, None, :], out=product)
+        np.add(product, psum, out=psum)      # the cell's product + the partial sum from above
+    return psum
 
 
 def os_tags(K: int, R: int, C: int) -> tuple[np.ndarray, int]:
@@ -271,18 +258,18 @@ def os_tags(K: int, R: int, C: int) -> tuple[np.ndarray, int]:
 
 
 def run_os(df: Dataflow, a: np.ndarray, b: np.ndarray, R: int, C: int, timing: str) -> EngineRun:
-    """The output-stationary engine with the trace off: many folds per numpy step.
+    """The output-stationary engine with the trace off.
 
     The machine :func:`.engines.run_os` runs: ``a[i, k]`` enters row ``i`` at stream
     cycle ``k + i`` and moves right, ``b[k, j]`` enters column ``j`` at ``k + j`` and moves
-    down, every cell multiplies the two operands it holds and adds the product to its
-    accumulator. Folds that share a row tile receive the same ``a`` stream (and those
-    that share a column tile the same ``b`` stream), so a batch keeps one copy of each
-    stream's registers and multiplies them by broadcasting. The controller places the
-    folds on one clock from one fold's observed timeline (:func:`os_tags`): one after
-    another for ``"scalesim"``; for ``"tpu"`` the next fold starts once the current one
-    has issued its operands and its results have room to shift out (``R`` cycles), and
-    the last results shift out of the bottom edge in ``R`` cycles.
+    down, so the pair of step ``k`` meets in cell ``(i, j)`` at ``k + i + j`` and every
+    cell adds its products in the order of ``k``. One fold's operands are simulated on
+    tags (:func:`os_tags`: when operands enter, when the last cell's last MAC is); the
+    values are every cell's products added in that order, a batch of folds at a time
+    (:func:`os_sweep`). The controller places the folds on one clock: one after another
+    for ``"scalesim"``; for ``"tpu"`` the next fold starts once the current one has
+    issued its operands and its results have room to shift out (``R`` cycles), and the
+    last results shift out of the bottom edge in ``R`` cycles.
     """
     M, K = a.shape
     N = b.shape[1]
@@ -291,14 +278,16 @@ def run_os(df: Dataflow, a: np.ndarray, b: np.ndarray, R: int, C: int, timing: s
     dt = a.dtype
     issue_tag, done = os_tags(K, R, C)
     U = done + 1                                 # stream cycles until the last MAC
-    afeed = np.zeros((U, nmb, R), dt)            # (cycle, row tile, row)
-    afeed[:K + R - 1] = skewed_feed(a.T, R).transpose(1, 0, 2)
-    bfeed = np.zeros((U, nnb, C), dt)            # (cycle, column tile, column)
-    bfeed[:K + C - 1] = skewed_feed(b, C).transpose(1, 0, 2)
+    ap = np.zeros((nmb * R, K), dt)              # rows beyond M and columns beyond N
+    ap[:M] = a                                   # stream zeros, as the edge buffers do
+    bp = np.zeros((K, nnb * C), dt)
+    bp[:, :N] = b
+    a_cols = ap.T.copy()                         # a_cols[k]: what the left edge sends at step k
     y = np.zeros((nnb, nmb, R, C), dt)           # folds in order: column tile outer
-    for mbs, nbs in batches(nmb, nnb, R, C):
-        y[nbs.start:nbs.stop, mbs.start:mbs.stop] = os_batch(
-            afeed[:, mbs.start:mbs.stop], bfeed[:, nbs.start:nbs.stop], K, R, C)
+    for mbs, nbs in batches(nmb, nnb, R * C):
+        acc = os_sweep(a_cols[:, mbs.start * R:mbs.stop * R], bp[:, nbs.start * C:nbs.stop * C])
+        y[nbs.start:nbs.stop, mbs.start:mbs.stop] = \
+            acc.reshape(len(nbs), C, len(mbs), R).transpose(0, 2, 3, 1)
     # -- controller: place the folds' timelines on one clock
     last_issue = int(np.flatnonzero(issue_tag)[-1])
     stream_start = [0] * F
@@ -315,34 +304,20 @@ def run_os(df: Dataflow, a: np.ndarray, b: np.ndarray, R: int, C: int, timing: s
                      (nmb, nnb), macs[:ncyc])
 
 
-def os_batch(afeed: np.ndarray, bfeed: np.ndarray, K: int, R: int, C: int) -> np.ndarray:
-    """Stream a batch of output-stationary folds (``NB`` column tiles x ``MB`` row tiles).
+def os_sweep(a_cols: np.ndarray, b_rows: np.ndarray) -> np.ndarray:
+    """The accumulators of a batch of output-stationary folds once every operand pair
+    has met.
 
-    ``afeed[u, m]``/``bfeed[u, n]`` are what row tile ``m``'s left edge and column tile
-    ``n``'s top edge receive at stream cycle ``u``. Each cycle every ``a`` moves one cell
-    right and every ``b`` one cell down, and each cell adds the product of the two into
-    its accumulator; only the band of cells that can hold an operand pair is updated.
-    Returns the accumulators, NB x MB x R x C.
+    ``a_cols[k]`` is what the rows of the batch's row tiles receive at step ``k`` (the
+    column ``k`` of ``a``), ``b_rows[k]`` what the columns of its column tiles receive
+    (row ``k`` of ``b``). Cell ``(i, j)`` adds ``a[i, k] * b[k, j]`` to its accumulator
+    (which starts at zero) for ``k = 0, 1, ...`` in turn: one outer product and one add
+    per step for every cell of every fold. Returns the accumulators as (column, row).
     """
-    U, MB = afeed.shape[:2]
-    NB = bfeed.shape[1]
-    dt = afeed.dtype
-    ah = [np.zeros((MB, R, C), dt) for _ in range(2)]
-    bv = [np.zeros((NB, R, C), dt) for _ in range(2)]
-    acc = np.zeros((NB, MB, R, C), dt)
-    prod = np.zeros((NB, MB, R, C), dt)
-    for u in range(U):
-        a_old, a_new = ah[u & 1], ah[1 - (u & 1)]
-        b_old, b_new = bv[u & 1], bv[1 - (u & 1)]
-        a_new[:, :, 1:] = a_old[:, :, :-1]
-        a_new[:, :, 0] = afeed[u]
-        b_new[:, 1:] = b_old[:, :-1]
-        b_new[:, 0] = bfeed[u]
-        # cells (i, j) with 0 <= u - i - j < K hold a pair: a box around that band
-        r0, r1 = max(0, u - (K - 1) - (C - 1)), min(R, u + 1)
-        c0, c1 = max(0, u - (K - 1) - (R - 1)), min(C, u + 1)
-        p = prod[..., r0:r1, c0:c1]
-        np.multiply(a_new[None, :, r0:r1, c0:c1], b_new[:, None, r0:r1, c0:c1], out=p)
-        np.add(acc[..., r0:r1, c0:c1], p, out=acc[..., r0:r1, c0:c1])
+    K = a_cols.shape[0]
+    acc = np.zeros((b_rows.shape[1], a_cols.shape[1]), a_cols.dtype)
+    product = np.empty_like(acc)
+    for k in range(K):
+        np.multiply(b_rows[k, :, None], a_cols[k, None, :], out=product)
+        np.add(acc, product, out=acc)
     return acc
-

@@ -6,8 +6,8 @@ grid) that moves every register one step per cycle. The pieces every engine need
 here once: the skewed edge feed, the load path's feed, the per-fold traffic and MACs, and
 the phases. :func:`run_stationary` and :func:`run_os` run one array cycle by cycle and
 can record every register (``trace=True``, for the animation); :mod:`.batched` runs the
-same machines with the trace off, a batch of folds per numpy step, and a test holds the
-two equal.
+same machines with the trace off (one fold's movement simulated, the values computed row
+by row of the array for many folds at once), and a test holds the two equal.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def fold_accounting(df: Dataflow, grid: FoldGrid, stream_start: Any, T: int, tim
     operands and writes each output once.
     """
     stats, macs = [], np.zeros(size, np.int64)
+    convs: dict[tuple[int, int], np.ndarray] = {}    # a few distinct tile shapes
     for f, (rb, cb) in enumerate(grid.folds):
         s0, ru, cu = stream_start[f], grid.rows_used[f], grid.cols_used[f]
         if not df.preload:      # output-stationary: a rows from the left, b from the top
@@ -94,7 +95,9 @@ def fold_accounting(df: Dataflow, grid: FoldGrid, stream_start: Any, T: int, tim
             held, streamed = ru * cu, T * ru
             a_in, b_in = (streamed, held) if df.key == "ws" else (held, streamed)
             stats.append(Fold(f, rb, cb, ru, cu, held, streamed, writes, s0, a_in=a_in, b_in=b_in))
-        conv = ones_conv(T, ru, cu)
+        conv = convs.get((ru, cu))
+        if conv is None:
+            conv = convs[(ru, cu)] = ones_conv(T, ru, cu)
         macs[s0:s0 + len(conv)] += conv
     return tuple(stats), macs
 
