@@ -69,7 +69,7 @@ print(json.dumps(rec))
 
 def time_ours(side: int, n: int, dataflow: str, timing: str, repeats: int) -> tuple[float, int]:
     """Best wall time of ``simulate`` (trace off) on an n^3 float32 product, and its cycles;
-    the result must equal the same-order reference bit for bit."""
+    the result must equal the same-order reference value for value."""
     import numpy as np
 
     from tpu_course import systolic

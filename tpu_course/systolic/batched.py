@@ -5,15 +5,16 @@ Every fold of a run streams the same number of vectors through the same cells, s
 weights latch, when results leave the bottom edge -- is the same for every fold. It is
 simulated once, cycle by cycle, on tags (valid bits) and labels (:func:`stream_tags`,
 :func:`load_path`, :func:`os_tags`), the way SCALE-Sim simulates operand addresses. What
-the movement shows is that cell ``(k, j)`` meets vector ``i`` at stream cycle
-``i + k + j``, holding vector ``i``'s activation and the partial sum of vector ``i`` from
-the cell above. The *values* then follow in the order the cells compute them, one array
-row at a time for every fold and vector at once: row 0's products, then row 1 adds its
-products to them, and so on (:func:`row_sweep`; :func:`os_sweep` adds output-stationary
-products in the order the operands arrive). Same multiplications, same additions, same
-order as the cycle-by-cycle engines of :mod:`.engines`, which ``trace=True`` runs and
-``tests/test_systolic.py`` holds these equal to, bit for bit, in every cycle count,
-phase, traffic record and MAC count. A controller places the folds' timelines on one
+the movement shows (``tests/test_systolic.py`` checks it against the documented
+schedule) is that cell ``(k, j)`` meets vector ``i`` at stream cycle ``i + k + j``,
+holding vector ``i``'s activation and the partial sum of vector ``i`` from the cell
+above. The *values* then follow in the order the cells compute them, one array row at a
+time for every fold and vector at once: row 0's products, then row 1 adds its products to
+them, and so on (:func:`row_sweep`; :func:`os_sweep` adds output-stationary products in
+the order the operands arrive). Same multiplications, same additions, same order as the
+cycle-by-cycle engines of :mod:`.engines`, which ``trace=True`` runs; the same test holds
+the two equal in every value (a zero's sign aside: :func:`row_sweep` writes a product of
+-0 as +0), cycle count, phase, traffic record and MAC count. A controller places the folds' timelines on one
 clock by the ``timing`` rule and checks the hazards the shared array would have.
 """
 
@@ -225,7 +226,8 @@ def row_sweep(xs: np.ndarray, w: np.ndarray) -> np.ndarray:
     """
     R = w.shape[2]
     # Every cell's product of row k as an einsum that contracts nothing: each output is
-    # one product, rounded once (a quarter faster than broadcasting np.multiply here).
+    # one product, rounded once, added to a zero (so -0 becomes +0); a quarter faster
+    # than broadcasting np.multiply here.
     products = "nbc,bt->nbct"
     psum = np.einsum(products, w[:, :, 0], xs[:, 0])
     product = np.empty_like(psum)
