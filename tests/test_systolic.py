@@ -271,9 +271,9 @@ def _observed(run):
 @given(shapes, arrays, dataflows, timings, st.sampled_from([0, 1, 7, 40]))
 def test_batched_engine_equals_cycle_by_cycle_engine(mkn, rc, dataflow, timing, batch_cells):
     """trace=False simulates one fold's movement and computes the values row by row;
-    trace=True moves every register of one array cycle by cycle. Same values (as numbers: the trace-off engine may write a zero's sign
-    differently), same observed cycles, phases, traffic, MACs per cycle, whatever the batch
-    size (0 keeps the module's)."""
+    trace=True moves every register of one array cycle by cycle. Same values (as numbers:
+    the trace-off engine may write a zero's sign differently), same observed cycles,
+    phases, traffic, MACs per cycle, whatever the batch size (0 keeps the module's)."""
     m, k, n = mkn
     rng = np.random.default_rng(m * 1000 + k * 100 + n * 10 + rc[0])
     a = rng.standard_normal((m, k)).astype(np.float32)

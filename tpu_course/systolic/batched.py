@@ -14,8 +14,9 @@ them, and so on (:func:`row_sweep`; :func:`os_sweep` adds output-stationary prod
 the order the operands arrive). Same multiplications, same additions, same order as the
 cycle-by-cycle engines of :mod:`.engines`, which ``trace=True`` runs; the same test holds
 the two equal in every value (a zero's sign aside: :func:`row_sweep` writes a product of
--0 as +0), cycle count, phase, traffic record and MAC count. A controller places the folds' timelines on one
-clock by the ``timing`` rule and checks the hazards the shared array would have.
+-0 as +0), cycle count, phase, traffic record and MAC count. A controller places the
+folds' timelines on one clock by the ``timing`` rule and checks the hazards the shared
+array would have.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def run_stationary(df: Dataflow, x: np.ndarray, s: np.ndarray, R: int, C: int,
     dt = x.dtype
     tags = stream_tags(T, R, C)
     slot, U = tags["slot"], tags["cycles"]
-    # The n-th tagged value out of the bottom of column j is result n of that column.
+    # Each column's bottom edge must send one tagged result per vector.
     if int(tags["out"].sum()) != T * C:
         raise RuntimeError("systolic: results lost in the array (simulator bug)")
     latch = load_path(R, C)
@@ -221,8 +222,8 @@ def row_sweep(xs: np.ndarray, w: np.ndarray) -> np.ndarray:
     ``(k, j)`` multiplies vector ``i``'s activation by its weight and adds the product
     to vector ``i``'s partial sum arriving from cell ``(k - 1, j)``; row 0 has none above
     and sends its products. Every cell does that for every vector of the stream, so row
-    ``k`` of every fold is one broadcast multiply and one add over all columns and
-    vectors. Returns NB x KB x C x T: column ``j``'s result ``i``.
+    ``k`` of every fold is one multiply (every cell's product) and one add over all
+    columns and vectors. Returns NB x KB x C x T: column ``j``'s result ``i``.
     """
     R = w.shape[2]
     # Every cell's product of row k as an einsum that contracts nothing: each output is
