@@ -14,13 +14,15 @@ import importlib
 from typing import Any
 
 from tpu_course.checks._core import (
-    NEEDS, CheckResult, Exercise, Lab, NotWritten, NotWrittenError, Scorecard, as_number,
+    KINDS, NEEDS, CheckResult, Exercise, Lab, NotWritten, NotWrittenError, Scorecard, Verdict,
+    as_number, course_code_used, grading_seed, refuse, refuse_course_code,
     close_enough, fail, is_not_written, not_written, ok, reveal, skip_if_not_written, skipped,
 )
 
 __all__ = [
-    "NEEDS", "CheckResult", "Exercise", "Lab", "NotWritten", "NotWrittenError", "Scorecard",
-    "as_number", "close_enough", "fail", "is_not_written", "not_written", "ok", "reveal",
+    "KINDS", "NEEDS", "CheckResult", "Exercise", "Lab", "NotWritten", "NotWrittenError",
+    "Scorecard", "Verdict", "as_number", "course_code_used", "grading_seed", "refuse",
+    "refuse_course_code", "close_enough", "fail", "is_not_written", "not_written", "ok", "reveal",
     "skip_if_not_written", "skipped", "LABS", "lab",
 ]
 #: The chapter modules that hold a lab, in order.

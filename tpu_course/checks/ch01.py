@@ -56,7 +56,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
 # -- Exercise 1 ------------------------------------------------------------------------
 
 
-@LAB.exercise(EX1, minutes=25, names=("tiled_matmul",), kind="write")
+@LAB.exercise(EX1, minutes=25, kind="write")
 def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: int = 4,
                        shape: tuple[int, int, int] = (10, 13, 9), seed: int = 1) -> CheckResult:
     """Exercise 1: ``tiled_matmul(a, b, rows, cols, sim)`` must compute ``a @ b`` by calling
@@ -173,8 +173,7 @@ def _side(value: Any) -> int | None:
     return has.pop() if len(has) == 1 else None
 
 
-@LAB.exercise(EX2, minutes=15, names=("predicted_128", "predicted_256", "finishes_first"),
-              kind="predict")
+@LAB.exercise(EX2, minutes=15, kind="predict")
 def check_gemm_prediction(predicted_128: Any, predicted_256: Any, finishes_first: Any,
                           shape: tuple[int, int, int] = GEMM, rel: float = 0.05) -> CheckResult:
     """Exercise 2: (cycles, utilisation) predicted for ``shape`` on a 128x128 and a 256x256
@@ -262,7 +261,7 @@ BATCH_CASES = ((1024, 1024, 128, 128), (128, 128, 128, 128), (4096, 4096, 256, 2
                (100, 1024, 128, 128))
 
 
-@LAB.exercise(EX3, minutes=15, names=("smallest_batch",), kind="transfer")
+@LAB.exercise(EX3, minutes=15, kind="transfer")
 def check_smallest_batch(smallest_batch: Callable[..., Any],
                          cases: tuple[tuple[int, int, int, int], ...] = BATCH_CASES,
                          time_limit_s: float = 20.0) -> CheckResult:
@@ -324,7 +323,7 @@ DATAFLOW_CASES = ((1024, 384, 1536, 256, 256), (96, 1000, 700, 128, 128),
 _DATAFLOW_WORDS = {"weight": "ws", "input": "is", "output": "os"}
 
 
-@LAB.exercise(EX4, minutes=15, names=("best_dataflow",), kind="transfer")
+@LAB.exercise(EX4, minutes=15, kind="transfer")
 def check_best_dataflow(best_dataflow: Callable[..., Any],
                         cases: tuple[tuple[int, int, int, int, int], ...] = DATAFLOW_CASES
                         ) -> CheckResult:
@@ -379,7 +378,7 @@ def bf16_running_sum(values: np.ndarray) -> float:
     return float(total)
 
 
-@LAB.exercise(EX5, minutes=10, names=("predicted_stall",), kind="predict")
+@LAB.exercise(EX5, minutes=10, kind="predict")
 def check_stall(predicted_stall: Any, term: float = STALL_TERM, rel: float = 0.05) -> CheckResult:
     """Exercise 5: where a bf16 running sum of ``term`` stops growing (within ``rel``)."""
     got = as_number(EX5, predicted_stall, "your predicted stall value")

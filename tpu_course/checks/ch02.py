@@ -45,7 +45,7 @@ def bf16_peak(chip: hardware.Chip | None) -> float | None:
 # -- Exercise 1 ------------------------------------------------------------------------
 
 
-@LAB.exercise(EX1, minutes=5, names=("matmul_flops",), kind="write")
+@LAB.exercise(EX1, minutes=5, kind="write")
 def check_matmul_flops(matmul_flops: Callable[[int, int, int], Any]) -> CheckResult:
     """Exercise 1: FLOPs of an (m x k) @ (k x n) matmul are 2·m·k·n."""
     for m, k, n in ((2, 3, 4), (128, 256, 512), (1, 1000, 7)):
@@ -117,7 +117,7 @@ class _CallLog:
                 "big": _Pending(self.busy_until, self, self.calls, "big")}
 
 
-@LAB.exercise(EX2, minutes=15, names=("time_call",), kind="write")
+@LAB.exercise(EX2, minutes=15, kind="write")
 def check_time_call(time_call: Callable[..., Any], work_s: float = 0.02,
                     compile_s: float = 0.6) -> CheckResult:
     """Exercise 2: seconds per call, after a warm-up, waiting for the whole result.
@@ -213,7 +213,7 @@ def _units_hint(ratio: float) -> str | None:
     return None
 
 
-@LAB.exercise(EX3, minutes=10, names=("h2d_bandwidth",), kind="write")
+@LAB.exercise(EX3, minutes=10, kind="write")
 def check_h2d_bandwidth(h2d_bandwidth: Callable[[np.ndarray], Any],
                         shape: tuple[int, int] = BANDWIDTH_SHAPE) -> CheckResult:
     """Exercise 3: host-to-device bandwidth in bytes per second for one array.
@@ -256,7 +256,7 @@ def check_h2d_bandwidth(h2d_bandwidth: Callable[[np.ndarray], Any],
 # -- Exercise 4 ------------------------------------------------------------------------
 
 
-@LAB.exercise(EX4, minutes=10, names=("predicted_copy_s",), kind="predict")
+@LAB.exercise(EX4, minutes=10, kind="predict")
 def check_copy_prediction(predicted_copy_s: Any, shape: tuple[int, int] = COPY_SHAPE,
                           slack: float = 3.0, repeats: int = 5) -> CheckResult:
     """Exercise 4: the predicted seconds to copy a float32 array of ``shape`` to the device,
@@ -300,7 +300,7 @@ def check_copy_prediction(predicted_copy_s: Any, shape: tuple[int, int] = COPY_S
 # -- Exercise 5 ------------------------------------------------------------------------
 
 
-@LAB.exercise(EX5, minutes=5, names=("fraction_of_peak",), kind="write")
+@LAB.exercise(EX5, minutes=5, kind="write")
 def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any]) -> CheckResult:
     """Exercise 5: achieved FLOP/s over the chip's dense bf16 peak, as a fraction."""
     chip = hardware.get("v5e")
@@ -330,7 +330,7 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any])
 # -- Exercise 6 ------------------------------------------------------------------------
 
 
-@LAB.exercise(EX6, minutes=15, names=("half_peak_n",), needs="accelerator", kind="transfer")
+@LAB.exercise(EX6, minutes=15, needs="accelerator", kind="transfer")
 def check_half_peak(half_peak_n: Any, slack: float = 1.5) -> CheckResult:
     """Exercise 6: the smallest square bf16 matmul size n (from the sweep's powers of two)
     at which this chip reaches half its dense bf16 peak, or None if none up to 8192 does.

@@ -113,7 +113,7 @@ def clipped_update_reference(w: np.ndarray, g: np.ndarray, max_norm: float) -> n
     return w - LR * g * scale
 
 
-@LAB.exercise(EX1, minutes=10, names=("clipped_update",), kind="write")
+@LAB.exercise(EX1, minutes=10, kind="write")
 def check_jit_fix(clipped_update: Callable[[Any, Any, Any], Any]) -> CheckResult:
     """``jax.jit(clipped_update)(w, g, max_norm)`` must run and clip like the reference.
 
@@ -187,7 +187,7 @@ def run_compile_quiz(show: bool = False) -> list[int]:
     return added
 
 
-@LAB.exercise(EX2, minutes=10, names=("predicted_compiles",), kind="predict")
+@LAB.exercise(EX2, minutes=10, kind="predict")
 def check_compile_prediction(predicted_compiles: Any) -> CheckResult:
     """Exercise 2: how many times ``f`` compiles over :data:`COMPILE_QUIZ` (exact)."""
     got = as_number(EX2, predicted_compiles, "the number of compilations")
@@ -224,7 +224,7 @@ def decayed_update_reference(w: np.ndarray, g: np.ndarray, lr: float, step: int)
     return w - lr * 0.5 ** (step // HALVING) * g
 
 
-@LAB.exercise(EX3, minutes=15, names=("update_fixed",), kind="transfer")
+@LAB.exercise(EX3, minutes=15, kind="transfer")
 def check_recompile_fix(update_fixed: Callable[..., Any]) -> CheckResult:
     """Exercise 3: ``update_fixed(w, g, lr, step)`` (jitted) must give the decayed update
     for every step of :data:`STEPS` while compiling once (its cache size)."""
@@ -286,7 +286,7 @@ def per_example_norms_reference(params: Any, X: np.ndarray, Y: np.ndarray) -> np
     return np.array(norms)
 
 
-@LAB.exercise(EX4, minutes=15, names=("per_example_grad_norms",), kind="transfer")
+@LAB.exercise(EX4, minutes=15, kind="transfer")
 def check_per_example_norms(per_example_grad_norms: Callable[[Any, Any, Any], Any]
                             ) -> CheckResult:
     """Exercise 4: ``per_example_grad_norms(params, X, Y)`` -> (n,) global gradient norms
@@ -354,8 +354,7 @@ _HINTS = {
 }
 
 
-@LAB.exercise(EX5, minutes=30, names=("convert_params", "forward", "loss_fn", "train_step",
-                                     "optimizer"), kind="write")
+@LAB.exercise(EX5, minutes=30, kind="write")
 def check_port(convert_params: Callable[[dict[str, np.ndarray]], Any],
                forward: Callable[[Any, Any], dict[str, Any]],
                loss_fn: Callable[[Any, Any, Any], Any],

@@ -44,7 +44,7 @@ def _itemsize(dtype: str) -> int:
     raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(ITEMSIZE)}")
 
 
-@LAB.exercise(EX1, minutes=5, names=("matmul_flops",), kind="write")
+@LAB.exercise(EX1, minutes=5, kind="write")
 def check_matmul_flops(matmul_flops: Callable[[int, int, int], Any]) -> CheckResult:
     """FLOPs of an ``[m,k] @ [k,n]`` matmul: ``2*m*k*n``, set beside XLA's count."""
     from tpu_course import hlo
@@ -72,7 +72,7 @@ def check_matmul_flops(matmul_flops: Callable[[int, int, int], Any]) -> CheckRes
     return ok(EX1, f"{roofline.matmul_flops(m, k, n):,} = 2*m*k*n for {m}x{k} @ {k}x{n}{said}")
 
 
-@LAB.exercise(EX2, minutes=5, names=("matmul_bytes",), kind="write")
+@LAB.exercise(EX2, minutes=5, kind="write")
 def check_matmul_bytes(matmul_bytes: Callable[[int, int, int, int], Any]) -> CheckResult:
     """HBM bytes of a matmul reading each operand once and writing the result once."""
     m, k, n = MATMUL
@@ -100,7 +100,7 @@ def check_matmul_bytes(matmul_bytes: Callable[[int, int, int, int], Any]) -> Che
                    "in bf16")
 
 
-@LAB.exercise(EX3, minutes=10, names=("intensity", "which_roof"), kind="write")
+@LAB.exercise(EX3, minutes=10, kind="write")
 def check_roofs(intensity: Callable[..., Any], which_roof: Callable[..., Any]) -> CheckResult:
     """Exercise 3: ``intensity(m, k, n, itemsize)`` within 2 %, and ``which_roof(ai, chip)``
     ('memory' or 'compute') for :data:`LAYER` in bf16 on a v5e and a v6e (and on both for
@@ -141,7 +141,7 @@ def check_roofs(intensity: Callable[..., Any], which_roof: Callable[..., Any]) -
     return ok(EX3, f"{want:,.1f} FLOP/byte: " + "; ".join(verdicts))
 
 
-@LAB.exercise(EX4, minutes=10, names=("fastest_time_s",), kind="write")
+@LAB.exercise(EX4, minutes=10, kind="write")
 def check_roofline_time(fastest_time_s: Callable[..., Any], rel: float = 0.05) -> CheckResult:
     """Exercise 4: the roofline's lower bound on time, ``max(flops / peak, bytes / bw)``,
     for :data:`LAYER` in bf16 on a v6e and a much smaller layer on a v5e."""
@@ -181,7 +181,7 @@ def layer(x: Any, w: Any, b: Any) -> Any:
     return jax.nn.relu(x @ w + b)
 
 
-@LAB.exercise(EX5, minutes=10, names=("layer_flops",), kind="predict")
+@LAB.exercise(EX5, minutes=10, kind="predict")
 def check_xla_flops(layer_flops: Callable[[int, int, int], Any], rel: float = 0.05,
                     shape: tuple[int, int, int] = (32, 1024, 512)) -> CheckResult:
     """Exercise 5: a hand count of :func:`layer`'s FLOPs against XLA's cost analysis on
@@ -229,7 +229,7 @@ def tpu_padded_bytes(shape: Sequence[int], dtype: str = "fp32") -> int:
     return math.prod(lead) * (-(-rows // 8) * 8) * (-(-cols // 128) * 128) * _itemsize(dtype)
 
 
-@LAB.exercise(EX6, minutes=10, names=("tpu_bytes",), kind="transfer")
+@LAB.exercise(EX6, minutes=10, kind="transfer")
 def check_padded_bytes(tpu_bytes: Callable[[int, int, int], Any],
                        cases: Sequence[tuple[int, int]] = ((100, 100), (129, 128), (8, 1000)),
                        dtype: str = "fp32", target: str = "v5e:1x1") -> CheckResult:
@@ -294,9 +294,7 @@ def compile_layer_norm(target: str | None = LN_TARGET) -> Any:
                        S((f,), jnp.bfloat16), target=target)
 
 
-@LAB.exercise(EX7, minutes=20, names=("predicted_ln_flops", "predicted_ln_bytes",
-                                      "predicted_ln_roof"),
-              needs="tpu-compiler", kind="predict")
+@LAB.exercise(EX7, minutes=20, needs="tpu-compiler", kind="predict")
 def check_layer_norm(predicted_ln_flops: Any, predicted_ln_bytes: Any, predicted_ln_roof: Any,
                      flops_slack: float = 3.0, bytes_slack: float = 1.5) -> CheckResult:
     """Exercise 7: FLOPs, bytes (the least any kernel moves) and the binding roof of

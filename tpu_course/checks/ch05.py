@@ -34,11 +34,11 @@ from tpu_course.train import Batch
 
 LAB = Lab(5, "A model, a step and a pipeline for Fashion-MNIST")
 
-MODEL = "Exercise 1 (a model for Fashion-MNIST)"
-PREDICT = "Exercise 2 (predict its size and its cost)"
-STEP = "Exercise 3 (the train step)"
-PIPELINE = "Exercise 4 (a faster input pipeline)"
-ACCURACY = "Exercise 5 (reach 85 % in 3 epochs)"
+EX1 = "Exercise 1 (a model for Fashion-MNIST)"
+EX2 = "Exercise 2 (predict its size and its cost)"
+EX3 = "Exercise 3 (the train step)"
+EX4 = "Exercise 4 (a faster input pipeline)"
+EX5 = "Exercise 5 (reach 85 % in 3 epochs)"
 
 #: The lab's accuracy target on the full Fashion-MNIST test set, and its epoch budget.
 TARGET_ACCURACY = 0.85
@@ -122,25 +122,25 @@ def _param_leaves(model: Any) -> list:
 # -- Exercise 1 ------------------------------------------------------------------------
 
 
-@LAB.exercise(MODEL, minutes=15, names=("FashionModel",), kind="write")
+@LAB.exercise(EX1, minutes=15, kind="write")
 def check_model(FashionModel: Any) -> CheckResult:
     """The model builds, holds parameters only, and maps (N, 28, 28, 1) to finite (N, 10)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    model = _instantiate(MODEL, FashionModel)
+    model = _instantiate(EX1, FashionModel)
     if isinstance(model, CheckResult):
         return model
     params = nnx.state(model, nnx.Param)
     n_params = sum(int(np.size(x)) for x in jax.tree.leaves(params))
     if n_params == 0:
-        return fail(MODEL, "the model has no parameters",
+        return fail(EX1, "the model has no parameters",
                     hint="create layers (nnx.Conv, nnx.Linear) in __init__ and keep them as "
                          "attributes (self.conv1 = ...)")
     rest = nnx.state(model, nnx.Not(nnx.Param))
     if jax.tree.leaves(rest):
-        return fail(MODEL, "the model holds state that is not nnx.Param (batch statistics, "
+        return fail(EX1, "the model holds state that is not nnx.Param (batch statistics, "
                            "dropout RNG counters): the lab's step updates parameters only",
                     hint="leave out BatchNorm and Dropout here; a plain CNN reaches the target")
     rng = np.random.default_rng(0)
@@ -151,24 +151,24 @@ def check_model(FashionModel: Any) -> CheckResult:
         except NotImplementedError:
             raise
         except Exception as err:  # noqa: BLE001 - a learner's model may raise anything
-            return fail(MODEL, f"calling the model on images of shape {(n, 28, 28, 1)} raised "
+            return fail(EX1, f"calling the model on images of shape {(n, 28, 28, 1)} raised "
                                f"{type(err).__name__}: {str(err)[:200]}",
                         hint="check each layer's input size (after two 2x2 poolings 28 -> 7) "
                              "and flatten with x.reshape(x.shape[0], -1), not a fixed batch")
         shape = getattr(out, "shape", None)
         if shape != (n, 10):
-            return fail(MODEL, f"for images of shape {(n, 28, 28, 1)} the model returned "
+            return fail(EX1, f"for images of shape {(n, 28, 28, 1)} the model returned "
                                f"{type(out).__name__} of shape {shape}, not (N, 10) logits",
                         hint="flatten with x.reshape(x.shape[0], -1) (not a fixed batch size) "
                              "and end with a 10-wide nnx.Linear, without a softmax")
         if not bool(jnp.all(jnp.isfinite(out))):
-            return fail(MODEL, "the logits contain NaN or infinity for ordinary images",
+            return fail(EX1, "the logits contain NaN or infinity for ordinary images",
                         hint="look for a division or a log in __call__")
     out = nnx.jit(lambda m, x: m(x))(model, x)
     if getattr(out, "shape", None) != (1, 10):
-        return fail(MODEL, "under nnx.jit the model returned a different shape",
+        return fail(EX1, "under nnx.jit the model returned a different shape",
                     hint="avoid Python-side decisions on array values in __call__")
-    return ok(MODEL, f"{type(model).__name__}: {n_params:,} parameters, (N, 28, 28, 1) -> "
+    return ok(EX1, f"{type(model).__name__}: {n_params:,} parameters, (N, 28, 28, 1) -> "
                      "(N, 10) logits")
 
 
@@ -199,7 +199,7 @@ def measured_cost(FashionModel: Any) -> dict:
 
     from tpu_course import hlo, models, train
 
-    model = _instantiate(PREDICT, FashionModel)
+    model = _instantiate(EX2, FashionModel)
     if isinstance(model, CheckResult):
         raise TypeError(model.message)
     tx = optax.adam(1e-3)
@@ -212,15 +212,15 @@ def measured_cost(FashionModel: Any) -> dict:
             "step_flops": cost.get("flops")}
 
 
-@LAB.exercise(PREDICT, minutes=10, names=("FashionModel", "predicted_params",
-                                          "predicted_step_flops"), kind="predict")
+@LAB.exercise(EX2, minutes=10, kind="predict",
+              predicts=("predicted_params", "predicted_step_flops"))
 def check_prediction(FashionModel: Any, predicted_params: Any,
                      predicted_step_flops: Any) -> CheckResult:
     """Parameters exactly; step FLOPs within 25 % of XLA's cost analysis."""
-    p = as_number(PREDICT, predicted_params, "predicted_params")
+    p = as_number(EX2, predicted_params, "predicted_params")
     if isinstance(p, CheckResult):
         return p
-    f = as_number(PREDICT, predicted_step_flops, "predicted_step_flops")
+    f = as_number(EX2, predicted_step_flops, "predicted_step_flops")
     if isinstance(f, CheckResult):
         return f
     got = measured_cost(FashionModel)
@@ -232,10 +232,10 @@ def check_prediction(FashionModel: Any, predicted_params: Any,
                 "Linear after flattening has (height*width*channels) inputs")
         if round(p) == want_p - got["biases"]:
             hint = "close: you left out the biases (one per output of each layer)"
-        return fail(PREDICT, f"your parameter count {p:,.0f} is {p / want_p:.2f}x the model's",
+        return fail(EX2, f"your parameter count {p:,.0f} is {p / want_p:.2f}x the model's",
                     hint=hint, answer=answer)
     if not want_f:
-        return ok(PREDICT, f"parameters exact ({want_p:,}); this backend reports no FLOP count, "
+        return ok(EX2, f"parameters exact ({want_p:,}); this backend reports no FLOP count, "
                            "so the FLOPs prediction could not be graded")
     ratio = f / want_f
     if abs(ratio - 1) > FLOPS_TOLERANCE:
@@ -251,10 +251,10 @@ def check_prediction(FashionModel: Any, predicted_params: Any,
         r, why = min(guesses, key=lambda g: abs(math.log(ratio / g[0])) if ratio > 0 else 0)
         if ratio > 0 and abs(math.log(ratio / r)) < math.log(1.3):
             hint = f"your number looks like the {why}"
-        return fail(PREDICT, f"parameters right; your step FLOPs are {ratio:.2f}x what XLA "
+        return fail(EX2, f"parameters right; your step FLOPs are {ratio:.2f}x what XLA "
                              f"counts (allowed: within {FLOPS_TOLERANCE:.0%})",
                     hint=hint, answer=answer)
-    return ok(PREDICT, f"parameters exact ({want_p:,}); step FLOPs within {abs(ratio - 1):.0%} "
+    return ok(EX2, f"parameters exact ({want_p:,}); step FLOPs within {abs(ratio - 1):.0%} "
                        f"of XLA's {want_f / 1e6:,.0f} MFLOP (XLA also counts bias adds, "
                        "activations and Adam's update)")
 
@@ -284,12 +284,12 @@ def _reference_step(model: Any, optimizer: Any, batch: Any) -> dict:
 
 def _metrics(out: Any) -> dict | CheckResult:
     if not isinstance(out, Mapping):
-        return fail(STEP, f"train_step returned a {type(out).__name__}; it should return a dict "
+        return fail(EX3, f"train_step returned a {type(out).__name__}; it should return a dict "
                           "{'loss': ..., 'accuracy': ...}",
                     hint="end the step with return {'loss': loss, 'accuracy': accuracy}")
     missing = [k for k in ("loss", "accuracy") if k not in out]
     if missing:
-        return fail(STEP, f"the returned dict lacks {missing}",
+        return fail(EX3, f"the returned dict lacks {missing}",
                     hint="return {'loss': loss, 'accuracy': accuracy}")
     values = {}
     for k in ("loss", "accuracy"):
@@ -297,20 +297,20 @@ def _metrics(out: Any) -> dict | CheckResult:
         if np.size(v) == 1 and not isinstance(v, (str, bool)):
             try:
                 if math.isnan(float(np.asarray(v).ravel()[0])):
-                    return fail(STEP, f"the {k} is NaN",
+                    return fail(EX3, f"the {k} is NaN",
                                 hint="use optax.softmax_cross_entropy_with_integer_labels on "
                                      "the logits (no softmax and log by hand), and divide by "
                                      "the sum of the weights")
             except (TypeError, ValueError):
                 pass
-        number = as_number(STEP, v, f"metrics[{k!r}]")
+        number = as_number(EX3, v, f"metrics[{k!r}]")
         if isinstance(number, CheckResult):
             return number
         values[k] = number
     return values
 
 
-@LAB.exercise(STEP, minutes=15, names=("train_step",), kind="write")
+@LAB.exercise(EX3, minutes=15, kind="write")
 def check_train_step(train_step: Any) -> CheckResult:
     """One jitted step: weighted metrics, one optimizer update, the loss falls."""
     import optax
@@ -319,9 +319,9 @@ def check_train_step(train_step: Any) -> CheckResult:
     from tpu_course import models
 
     if not callable(train_step):
-        return fail(STEP, f"train_step should be a function, not a {type(train_step).__name__}")
+        return fail(EX3, f"train_step should be a function, not a {type(train_step).__name__}")
     if not hasattr(train_step, "lower"):
-        return fail(STEP, "train_step is not compiled: every call would run op by op in Python",
+        return fail(EX3, "train_step is not compiled: every call would run op by op in Python",
                     hint="decorate it with @nnx.jit (the model and optimizer go in as arguments)")
 
     def fresh():
@@ -337,36 +337,36 @@ def check_train_step(train_step: Any) -> CheckResult:
     ref_model, ref_opt = fresh()
     want = {k: float(v) for k, v in _reference_step(ref_model, ref_opt, batch).items()}
     if not math.isfinite(got["loss"]):
-        return fail(STEP, "the loss is not finite")
+        return fail(EX3, "the loss is not finite")
     if abs(got["loss"] - want["loss"]) > 1e-4 * max(1.0, abs(want["loss"])):
         m2, o2 = fresh()
         full = _batch(batch.images, batch.labels, np.ones_like(batch.weights))
         unweighted = float(_reference_step(m2, o2, full)["loss"])
         if abs(got["loss"] - unweighted) < 1e-4 * max(1.0, abs(unweighted)):
-            return fail(STEP, "the loss counts the padding examples (weight 0) too",
+            return fail(EX3, "the loss counts the padding examples (weight 0) too",
                         hint="multiply each example's cross-entropy by batch.weights and divide "
                              "by the sum of the weights")
         if abs(got["loss"] - want["loss"] * 48) < 1e-3 * abs(want["loss"] * 48):
-            return fail(STEP, "the loss is a sum over the batch, not a mean",
+            return fail(EX3, "the loss is a sum over the batch, not a mean",
                         hint="divide the weighted sum by the sum of the weights")
-        return fail(STEP, "the loss is not the weighted mean cross-entropy of the batch",
+        return fail(EX3, "the loss is not the weighted mean cross-entropy of the batch",
                     hint="loss = sum(w * CE(logits, labels)) / sum(w), with CE from "
                          "optax.softmax_cross_entropy_with_integer_labels and the images "
                          "through models.prepare_images (uint8 -> floats in [0, 1])")
     after = _param_leaves(model)
     if all(np.array_equal(a, b) for a, b in zip(before, after)):
-        return fail(STEP, "the parameters did not change: the step does not update the model",
+        return fail(EX3, "the parameters did not change: the step does not update the model",
                     hint="call optimizer.update(model, grads) inside the step")
     want_after = _param_leaves(ref_model)
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(after, want_after))
     if diff > 1e-5:
-        return fail(STEP, f"after one step the parameters differ from one optimizer update by up "
+        return fail(EX3, f"after one step the parameters differ from one optimizer update by up "
                           f"to {diff:.1e}",
                     hint="compute grads with nnx.value_and_grad of the loss with respect to the "
                          "model and call optimizer.update(model, grads) exactly once (no extra "
                          "update by hand, no second update)")
     if abs(got["accuracy"] - want["accuracy"]) > 1e-5:
-        return fail(STEP, "the accuracy is not the weighted fraction of correct predictions",
+        return fail(EX3, "the accuracy is not the weighted fraction of correct predictions",
                     hint="accuracy = sum(w * (argmax(logits) == labels)) / sum(w): padding "
                          "examples must not count")
     losses = [got["loss"]]
@@ -376,9 +376,9 @@ def check_train_step(train_step: Any) -> CheckResult:
             return m
         losses.append(m["loss"])
     if not losses[-1] < 0.7 * losses[0]:
-        return fail(STEP, f"on one fixed batch the loss went {losses[0]:.3f} -> {losses[-1]:.3f} "
+        return fail(EX3, f"on one fixed batch the loss went {losses[0]:.3f} -> {losses[-1]:.3f} "
                           "in 11 steps; it should fall well below its start")
-    return ok(STEP, f"jitted, weighted, one Adam update per call; loss on a fixed batch "
+    return ok(EX3, f"jitted, weighted, one Adam update per call; loss on a fixed batch "
                     f"{losses[0]:.3f} -> {losses[-1]:.3f} in 11 steps")
 
 
@@ -406,11 +406,11 @@ def _time_pipeline(fn: Any, images: Any, labels: Any, count: int, repeats: int =
     return best
 
 
-@LAB.exercise(PIPELINE, minutes=15, names=("fast_batches",), kind="transfer")
+@LAB.exercise(EX4, minutes=15, kind="transfer")
 def check_fast_batches(fast_batches: Any) -> CheckResult:
     """The same batches as :func:`slow_batches`, at least :data:`PIPELINE_SPEEDUP`x faster."""
     if not callable(fast_batches):
-        return fail(PIPELINE, f"fast_batches should be a function, not a "
+        return fail(EX4, f"fast_batches should be a function, not a "
                               f"{type(fast_batches).__name__}")
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (700, 28, 28)).astype(np.uint8)
@@ -419,28 +419,28 @@ def check_fast_batches(fast_batches: Any) -> CheckResult:
         want = _materialise(slow_batches(images, labels, 64, seed=seed, epoch=epoch), 99)
         got = _materialise(fast_batches(images, labels, 64, seed=seed, epoch=epoch), 99)
         if len(got) != len(want):
-            return fail(PIPELINE, f"700 examples in batches of 64 gave {len(got)} batches; the "
+            return fail(EX4, f"700 examples in batches of 64 gave {len(got)} batches; the "
                                   f"slow pipeline gives {len(want)} (full batches only)",
                         hint="stop at the last full batch, as slow_batches does")
         for k, (g, w) in enumerate(zip(got, want)):
             if len(g) != 3:
-                return fail(PIPELINE, f"batch {k} has {len(g)} fields, not 3",
+                return fail(EX4, f"batch {k} has {len(g)} fields, not 3",
                             hint="yield Batch(images, labels, weights)")
             names = ("images", "labels", "weights")
             for name, a, b in zip(names, g, w):
                 if a.shape != b.shape or a.dtype != b.dtype:
-                    return fail(PIPELINE, f"batch {k}'s {name} are {a.dtype}{list(a.shape)}, "
+                    return fail(EX4, f"batch {k}'s {name} are {a.dtype}{list(a.shape)}, "
                                           f"expected {b.dtype}{list(b.shape)}",
                                 hint="images stay uint8 (the chip converts them), labels int32, "
                                      "weights float32")
             if not np.array_equal(g[1], w[1]):
-                return fail(PIPELINE, f"batch {k} (seed={seed}, epoch={epoch}) holds other "
+                return fail(EX4, f"batch {k} (seed={seed}, epoch={epoch}) holds other "
                                       "examples than the slow pipeline's",
                             hint="shuffle with the same generator: rng = "
                                  "np.random.default_rng([seed, epoch]); order = "
                                  "rng.permutation(len(images)), before any flip is drawn")
             if not np.array_equal(g[0], w[0]):
-                return fail(PIPELINE, f"batch {k} (seed={seed}, epoch={epoch}) has the right "
+                return fail(EX4, f"batch {k} (seed={seed}, epoch={epoch}) has the right "
                                       "examples but different flips",
                             hint="draw the flips from the same generator after the permutation, "
                                  "one draw per example in batch order (rng.random(batch_size) "
@@ -454,13 +454,13 @@ def check_fast_batches(fast_batches: Any) -> CheckResult:
     fast_s = _time_pipeline(fast_batches, fashion_like, fashion_labels, count)
     speedup = slow_s / max(fast_s, 1e-9)
     if speedup < PIPELINE_SPEEDUP:
-        return fail(PIPELINE, f"same batches, but only {speedup:.1f}x faster than slow_batches "
+        return fail(EX4, f"same batches, but only {speedup:.1f}x faster than slow_batches "
                               f"({count} batches: {slow_s * 1e3:.0f} ms vs {fast_s * 1e3:.0f} ms); "
                               f"at least {PIPELINE_SPEEDUP:.0f}x is asked",
                     hint="work on whole batches: images[idx] gathers a batch in one call, and "
                          "np.where(flip[:, None, None], x[:, :, ::-1], x) flips them all at "
                          "once; no Python loop over examples or pixels")
-    return ok(PIPELINE, f"same batches as slow_batches, {speedup:.0f}x faster ({count} batches: "
+    return ok(EX4, f"same batches as slow_batches, {speedup:.0f}x faster ({count} batches: "
                         f"{slow_s * 1e3:.0f} ms -> {fast_s * 1e3:.1f} ms, measured in this run)")
 
 
@@ -476,27 +476,27 @@ def _fashion_test() -> tuple[Any, Any]:
     return _CACHE["fashion"]
 
 
-@LAB.exercise(ACCURACY, minutes=10, names=("trained_model", "fashion_epochs"), kind="write")
+@LAB.exercise(EX5, minutes=10, kind="write")
 def check_accuracy(trained_model: Any, fashion_epochs: Any) -> CheckResult:
     """The trained model's accuracy on all 10,000 Fashion-MNIST test images (evaluated here)."""
     from flax import nnx
 
     from tpu_course import train
 
-    epochs = as_number(ACCURACY, fashion_epochs, "fashion_epochs")
+    epochs = as_number(EX5, fashion_epochs, "fashion_epochs")
     if isinstance(epochs, CheckResult):
         return epochs
     if not isinstance(trained_model, nnx.Module):
-        return fail(ACCURACY, f"trained_model should be your trained nnx.Module, not a "
+        return fail(EX5, f"trained_model should be your trained nnx.Module, not a "
                               f"{type(trained_model).__name__}",
                     hint="train an instance of FashionModel in place and assign it")
     if epochs > MAX_EPOCHS:
-        return fail(ACCURACY, f"you trained {epochs:g} epochs; the exercise allows at most "
+        return fail(EX5, f"you trained {epochs:g} epochs; the exercise allows at most "
                               f"{MAX_EPOCHS}", hint="improve the model or the learning rate instead")
     images, labels = _fashion_test()
     ev = train.evaluate(trained_model, images, labels)
     if not math.isfinite(ev.loss):
-        return fail(ACCURACY, "the test loss is not finite: training diverged",
+        return fail(EX5, "the test loss is not finite: training diverged",
                     hint="lower the learning rate")
     if ev.accuracy < TARGET_ACCURACY:
         hint = ("a CNN (two 3x3 convolutions with pooling, then a dense layer) gets there in 3 "
@@ -504,7 +504,7 @@ def check_accuracy(trained_model: Any, fashion_epochs: Any) -> CheckResult:
                 "warm-up and a cosine decay (optax.warmup_cosine_decay_schedule)")
         if ev.accuracy < 0.2:
             hint = "that is chance level: is the model trained in place (the same object)?"
-        return fail(ACCURACY, f"test accuracy {ev.accuracy:.2%} after {epochs:g} epoch(s); the "
+        return fail(EX5, f"test accuracy {ev.accuracy:.2%} after {epochs:g} epoch(s); the "
                               f"target is {TARGET_ACCURACY:.0%}", hint=hint)
-    return ok(ACCURACY, f"test accuracy {ev.accuracy:.2%} on all {ev.count:,} test images after "
+    return ok(EX5, f"test accuracy {ev.accuracy:.2%} on all {ev.count:,} test images after "
                         f"{epochs:g} epoch(s) (target {TARGET_ACCURACY:.0%})")

@@ -22,12 +22,12 @@ LAB = Lab(6, "Scaling out: FSDP by annotations, collectives by hand, a plan")
 #: TPU compiler pads some arrays (784 rows become 832): both stay inside 10%.
 BYTES_TOLERANCE = 0.10
 
-T1 = "Exercise 1 (predict FSDP's collectives)"
-T2 = "Exercise 2 (FSDP of the chapter-5 model by annotations)"
-T3 = "Exercise 3 (FSDP on a v5e-8: predict, then compile)"
-T4 = "Exercise 4 (a bidirectional ring all-reduce)"
-T5 = "Exercise 5 (a hierarchical all-reduce across slices)"
-T6 = "Exercise 6 (choose a strategy)"
+EX1 = "Exercise 1 (predict FSDP's collectives)"
+EX2 = "Exercise 2 (FSDP of the chapter-5 model by annotations)"
+EX3 = "Exercise 3 (FSDP on a v5e-8: predict, then compile)"
+EX4 = "Exercise 4 (a bidirectional ring all-reduce)"
+EX5 = "Exercise 5 (a hierarchical all-reduce across slices)"
+EX6 = "Exercise 6 (choose a strategy)"
 
 BATCH = 64  # the batch the checkers compile the step for (8 rows per device)
 
@@ -99,18 +99,18 @@ def _compile_fsdp(shard_fsdp: Callable, mesh: Any, target: str | None = None) ->
     step, state, _ = chapter5_problem()
     got = shard_fsdp(step, state, mesh)
     if not isinstance(got, tuple) or len(got) != 3:
-        raise _Answer(fail(T2, "shard_fsdp should return three things, (jitted_step, "
+        raise _Answer(fail(EX2, "shard_fsdp should return three things, (jitted_step, "
                                f"state_sharding, batch_sharding); it returned {type(got).__name__}",
                            hint="return jitted, state_sharding, batch_sharding"))
     jitted, s_state, s_batch = got
     if not hasattr(jitted, "lower"):
-        raise _Answer(fail(T2, "the first thing returned is not a jitted function",
+        raise _Answer(fail(EX2, "the first thing returned is not a jitted function",
                            hint="wrap the step in jax.jit(step, in_shardings=..., out_shardings=...)"))
     try:
         abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                 state, s_state)
     except (TypeError, ValueError) as err:
-        raise _Answer(fail(T2, "state_sharding does not have the state's structure: "
+        raise _Answer(fail(EX2, "state_sharding does not have the state's structure: "
                                f"{str(err)[:160]}",
                            hint="build it with jax.tree.map over the whole state (step, params, "
                                 "opt_state), one NamedSharding per leaf")) from None
@@ -147,9 +147,9 @@ def record_prediction(predicted: Any) -> None:
     """Check a prediction's form and echo it (it stays a variable of the notebook: the
     graders read it from there). Not graded here: exercise 1's check grades it."""
     if is_not_written(predicted):
-        print(f"{T1}: not written yet")
+        print(f"{EX1}: not written yet")
         return
-    parsed = _prediction(T1, predicted)
+    parsed = _prediction(EX1, predicted)
     if isinstance(parsed, CheckResult):
         print(parsed)
         return
@@ -199,25 +199,25 @@ def _grade_bytes(title: str, predicted: dict[str, float], compiled: dict[str, tu
 # ------------------------------------------------------------------------- exercises
 
 
-@LAB.exercise(T1, minutes=10, names=("predicted_fsdp", "shard_fsdp"), kind="predict")
+@LAB.exercise(EX1, minutes=10, kind="predict", predicts=("predicted_fsdp",))
 def check_fsdp_prediction(predicted_fsdp: Any, shard_fsdp: Callable) -> CheckResult:
     """Exercise 1: the predicted ``{kind: bytes per device}`` of the FSDP step on 8 simulated
     CPU devices, against the HLO of the learner's own ``shard_fsdp`` (exercise 2)."""
     from tpu_course import parallel
 
-    parsed = _prediction(T1, predicted_fsdp)
+    parsed = _prediction(EX1, predicted_fsdp)
     if isinstance(parsed, CheckResult):
         return parsed
     try:
         report, _ = _compile_fsdp(shard_fsdp, _cpu_mesh())
     except _Answer as a:
-        return fail(T1, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}",
+        return fail(EX1, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}",
                     hint="make exercise 2 pass first")
-    return _grade_bytes(T1, parsed, report.by_kind(), "8 simulated CPU "
+    return _grade_bytes(EX1, parsed, report.by_kind(), "8 simulated CPU "
                         "devices", 8)
 
 
-@LAB.exercise(T2, minutes=20, names=("shard_fsdp",))
+@LAB.exercise(EX2, minutes=20, kind="write")
 def check_shard_fsdp(shard_fsdp: Callable) -> CheckResult:
     """Exercise 2: ``shard_fsdp(step, state, mesh) -> (jitted, state_sharding, batch_sharding)``
     shards every parameter that splits, gathers weights (no resharded activations), and
@@ -239,26 +239,26 @@ def check_shard_fsdp(shard_fsdp: Callable) -> CheckResult:
         name = jax.tree_util.keystr(path)
         splits = any(d % 8 == 0 for d in np.shape(x))
         if sharding is None or not hasattr(sharding, "is_fully_replicated"):
-            return fail(T2, f"the parameter {name} has no NamedSharding in state_sharding",
+            return fail(EX2, f"the parameter {name} has no NamedSharding in state_sharding",
                         hint="one NamedSharding(mesh, spec) per leaf of the state")
         if splits and sharding.is_fully_replicated:
-            return fail(T2, f"{name} {np.shape(x)} is replicated: FSDP splits every parameter "
+            return fail(EX2, f"{name} {np.shape(x)} is replicated: FSDP splits every parameter "
                             "that can be split over the 8 devices",
                         hint="shard the first dimension that 8 divides: P(None, 'data') for "
                              "a (10, 256)-like shape, P('data') for (256,)")
     if getattr(s_batch, "is_fully_replicated", True):
-        return fail(T2, "the batch is replicated: FSDP splits the batch like data parallelism",
+        return fail(EX2, "the batch is replicated: FSDP splits the batch like data parallelism",
                     hint="batch_sharding = NamedSharding(mesh, P('data'))")
     kinds = {c.kind for c in report.collectives}
     if kinds & {"all-to-all", "collective-permute"}:
-        return fail(T2, "the compiled step reshards activations (all-to-all or "
+        return fail(EX2, "the compiled step reshards activations (all-to-all or "
                         "collective-permute): the compiler chose to move the batch rather "
                         "than gather the weights",
                     hint="inside the step, constrain the parameters to be whole "
                          "(jax.lax.with_sharding_constraint with a replicated sharding) before "
                          "the chapter-5 step uses them, as the chapter's FSDP cell does")
     if "all-gather" not in kinds:
-        return fail(T2, "no all-gather in the compiled step: the weights are never gathered",
+        return fail(EX2, "no all-gather in the compiled step: the weights are never gathered",
                     hint="FSDP keeps only a shard of each weight and gathers it before use")
     jitted = shard_fsdp(step, state, mesh)[0]
     ref = jax.jit(step)
@@ -268,18 +268,18 @@ def check_shard_fsdp(shard_fsdp: Callable) -> CheckResult:
         s_got, m_got = jitted(s_got, jax.device_put(b, s_batch))
         want, got = float(m_ref["loss"]), float(m_got["loss"])
         if not np.isclose(got, want, rtol=2e-5):
-            return fail(T2, f"the sharded step's loss {got:.6f} differs from the single-device "
+            return fail(EX2, f"the sharded step's loss {got:.6f} differs from the single-device "
                             f"step's {want:.6f}",
                         hint="the sharded step must compute the same thing: pass the chapter-5 "
                              "step's state and batch through unchanged")
     arg = report.argument_bytes
-    return ok(T2, f"parameters and Adam moments sharded, weights all-gathered, losses equal "
+    return ok(EX2, f"parameters and Adam moments sharded, weights all-gathered, losses equal "
                   f"to the single-device step's; {arg:,} argument bytes per device"
               if arg else "parameters sharded, weights all-gathered, losses equal")
 
 
-@LAB.exercise(T3, minutes=10, names=("predicted_v5e_kind", "shard_fsdp"), needs="tpu-compiler",
-              kind="predict")
+@LAB.exercise(EX3, minutes=10, needs="tpu-compiler", kind="predict",
+              predicts=("predicted_v5e_kind",))
 def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult:
     """Exercise 3: the kind of collective that carries the big gradients when the same
     annotated step is compiled for a v5e-8 (``v5e:2x4``), against its HLO."""
@@ -289,14 +289,14 @@ def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult
     from tpu_course import hlo
 
     if not isinstance(predicted_v5e_kind, str) or predicted_v5e_kind not in comms.KINDS:
-        return fail(T3, f"predicted_v5e_kind should be one of the HLO kinds, not "
+        return fail(EX3, f"predicted_v5e_kind should be one of the HLO kinds, not "
                         f"{predicted_v5e_kind!r}", hint=f"one of: {', '.join(comms.KINDS)}")
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,),
                          devices=hlo.tpu_topology("v5e:2x4").devices)
     try:
         report, _ = _compile_fsdp(shard_fsdp, mesh, target="v5e:2x4")
     except _Answer as a:
-        return fail(T3, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}")
+        return fail(EX3, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}")
     big = max(report.collectives, key=lambda c: c.bytes)
     kind = big.kind
     compiled = report.by_kind()
@@ -304,10 +304,10 @@ def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult
         hint = ("the CPU backend all-reduces and slices; look at what the chapter's v5e cell "
                 "printed for FSDP" if predicted_v5e_kind == "all-reduce" else
                 "which collective sums gradients and leaves each device its shard?")
-        return fail(T3, f"on the v5e-8 the largest gradient ({big.dtype}{list(big.shape)}) "
+        return fail(EX3, f"on the v5e-8 the largest gradient ({big.dtype}{list(big.shape)}) "
                         f"goes through another kind than {predicted_v5e_kind!r}",
                     hint=hint, answer=kind)
-    return ok(T3, f"on the v5e-8 the gradients go through a {kind} (an all-reduce sliced to each "
+    return ok(EX3, f"on the v5e-8 the gradients go through a {kind} (an all-reduce sliced to each "
                   f"shard in one fusion); its operand is the whole gradient, as on the CPU, but "
                   f"each chip receives only its shard: half the ring traffic of an all-reduce. "
                   f"All kinds: {dict(sorted(compiled.items()))}")
@@ -320,7 +320,7 @@ def _run_shard_map(fn: Callable, mesh: Any, in_spec: Any, x: Any) -> tuple[Any, 
     return mapped, mapped(x)
 
 
-@LAB.exercise(T4, minutes=25, names=("bidirectional_all_reduce",), kind="transfer")
+@LAB.exercise(EX4, minutes=25, kind="transfer")
 def check_bidirectional(bidirectional_all_reduce: Callable) -> CheckResult:
     """Exercise 4: ``bidirectional_all_reduce(x, axis, n)`` inside ``shard_map`` equals
     ``psum``, uses only ``ppermute``, sends both ways round the ring, and no single
@@ -340,15 +340,15 @@ def check_bidirectional(bidirectional_all_reduce: Callable) -> CheckResult:
     cs = hlo.inspect(fn, x).collectives
     kinds = {c.kind for c in cs}
     if kinds - {"collective-permute"}:
-        return fail(T4, f"the compiled function contains {sorted(kinds - {'collective-permute'})}: "
+        return fail(EX4, f"the compiled function contains {sorted(kinds - {'collective-permute'})}: "
                         "build the sum from jax.lax.ppermute steps only",
                     hint="no psum, pmean, all_gather or psum_scatter inside")
     if got.shape != want.shape:
-        return fail(T4, f"the result has shape {got.shape}, not the input's {want.shape}",
+        return fail(EX4, f"the result has shape {got.shape}, not the input's {want.shape}",
                     hint="pad to a multiple of 2n chunks, then cut the padding off and reshape")
     if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
         rows = int(np.isclose(got, want, rtol=1e-5, atol=1e-5).all(axis=1).sum())
-        return fail(T4, f"the result is not the sum over devices ({rows} of {n} devices got it)",
+        return fail(EX4, f"the result is not the sum over devices ({rows} of {n} devices got it)",
                     hint="run each half as its own ring; in the leftward ring the chunk index "
                          "moves the other way: (me + s) where the rightward ring has (me - s)")
     directions = set()
@@ -356,21 +356,21 @@ def check_bidirectional(bidirectional_all_reduce: Callable) -> CheckResult:
         for a, b in c.source_target_pairs:
             directions.add((b - a) % n)
     if directions != {1, n - 1}:
-        return fail(T4, "every transfer goes the same way round the ring",
+        return fail(EX4, "every transfer goes the same way round the ring",
                     hint="send half of the data right, i -> i+1, and the other half left, "
                          "i -> i-1: both directions of each link then carry traffic")
     largest = max(c.bytes for c in cs)
     chunk = x[0].size * 4 / n
     if largest > chunk / 2 + 64:
-        return fail(T4, f"one transfer moves {largest} B, more than half a chunk "
+        return fail(EX4, f"one transfer moves {largest} B, more than half a chunk "
                         f"({chunk / 2:.0f} B): the array was not split into 2n pieces",
                     hint="cut the flat array into 2 halves of n chunks each")
-    return ok(T4, f"equals psum; {len(cs)} ppermutes, both directions, each at most half a "
+    return ok(EX4, f"equals psum; {len(cs)} ppermutes, both directions, each at most half a "
                   "chunk: the same bytes per device as the one-way ring in half the time, "
                   "which is the book's W_ici (bidirectional) in the ring formula")
 
 
-@LAB.exercise(T5, minutes=20, names=("hierarchical_all_reduce",), kind="transfer")
+@LAB.exercise(EX5, minutes=20, kind="transfer")
 def check_hierarchical(hierarchical_all_reduce: Callable) -> CheckResult:
     """Exercise 5: on a ``("slice", "chip")`` 2x4 mesh, ``hierarchical_all_reduce(x)`` equals
     ``psum`` over both axes while what crosses slices is a quarter of each device's array."""
@@ -387,7 +387,7 @@ def check_hierarchical(hierarchical_all_reduce: Callable) -> CheckResult:
     _, want = _run_shard_map(lambda a: jax.lax.psum(a, ("slice", "chip")), mesh, spec, x)
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-5):
-        return fail(T5, "the result is not the sum over all 8 devices",
+        return fail(EX5, "the result is not the sum over all 8 devices",
                     hint="reduce-scatter over 'chip', all-reduce the piece over 'slice', "
                          "all-gather over 'chip'")
     slice_of = {d.id: i for i, row in enumerate(mesh.devices) for d in row}
@@ -402,15 +402,15 @@ def check_hierarchical(hierarchical_all_reduce: Callable) -> CheckResult:
         if spans:
             crossing += c.bytes
     if crossing > local / 4 + 64:
-        return fail(T5, f"{crossing:,} B per device cross the slow network, "
+        return fail(EX5, f"{crossing:,} B per device cross the slow network, "
                         f"{crossing / local:.2f} of the array",
                     hint="sum inside each slice first (over 'chip', on ICI), so that only a "
                          "quarter of the array has to cross slices")
-    return ok(T5, f"equals psum over 8 devices; {crossing:,} of {local:,} B per device "
+    return ok(EX5, f"equals psum over 8 devices; {crossing:,} of {local:,} B per device "
                   "cross slices (a quarter): the DCN carries 1/|chip| of the gradients")
 
 
-@LAB.exercise(T6, minutes=10, names=("choose",))
+@LAB.exercise(EX6, minutes=10, kind="transfer")
 def check_strategy(choose: Callable[[str, float, float, int], tuple[str, str]]) -> CheckResult:
     """Exercise 6: ``choose(chip, params, tokens_per_slice, slices) -> (within, across)``."""
     cases = [("v5e", 1e8, 2e5, 1), ("v5e", 7e9, 1e6, 4), ("v5p", 7e10, 2e4, 2),
@@ -419,14 +419,14 @@ def check_strategy(choose: Callable[[str, float, float, int], tuple[str, str]]) 
         want = comms.recommend(chip, params, tokens, slices)
         got = choose(chip, params, tokens, slices)
         if not isinstance(got, tuple) or len(got) != 2:
-            return fail(T6, f"return a pair (within_slice, across_slices), got {got!r:.80}",
+            return fail(EX6, f"return a pair (within_slice, across_slices), got {got!r:.80}",
                         hint='for example ("fsdp", "pipeline")')
         if tuple(got) != (want.within_slice, want.across_slices):
-            return fail(T6, f"for {params:.3g} parameters on {chip} with {tokens:,.0f} tokens per "
+            return fail(EX6, f"for {params:.3g} parameters on {chip} with {tokens:,.0f} tokens per "
                             f"slice and {slices} slice(s) you chose {got}",
                         hint="memory decides DP vs FSDP (10 bytes per parameter against HBM); "
                              "tokens per slice against comms.dcn_min_tokens_per_slice decides "
                              "DP vs pipeline across slices",
                         answer=str(want))
-    return ok(T6, "each plan matches the cost model (memory decides DP vs FSDP; tokens per "
+    return ok(EX6, "each plan matches the cost model (memory decides DP vs FSDP; tokens per "
                   "slice against the DCN threshold decides DP vs pipeline across slices).")

@@ -139,7 +139,7 @@ def _carries_over(got: Any, want: Any, bm: int, bn: int) -> bool:
     return len(blocks) > 1
 
 
-@LAB.exercise(EX1, minutes=25, names=("matmul_ktiled",), kind="transfer")
+@LAB.exercise(EX1, minutes=25, kind="transfer")
 def check_matmul_ktiled(matmul_ktiled: Callable[..., Any]) -> CheckResult:
     """``matmul_ktiled(x, y, bm, bk, bn, interpret)`` against ``x @ y`` in the TPU
     interpreter on :data:`MATMUL_CASES`, with a diagnosis of the usual mistakes."""
@@ -195,7 +195,7 @@ def check_matmul_ktiled(matmul_ktiled: Callable[..., Any]) -> CheckResult:
 # -- Exercise 2 ----------------------------------------------------------------------
 
 
-@LAB.exercise(EX2, minutes=10, names=("vmem_footprint",), kind="predict")
+@LAB.exercise(EX2, minutes=10, kind="predict")
 def check_footprint(vmem_footprint: Callable[[int, int, int, int], Any]) -> CheckResult:
     """``vmem_footprint(bm, bk, bn, itemsize)``: :func:`footprint`, exactly."""
     for (bm, bk, bn), size in (((512, 512, 512), 2), ((256, 1024, 128), 4), ((8, 128, 256), 2)):
@@ -255,7 +255,7 @@ def _normal_verdict(value: Any) -> str | None:
     return aliases.get(text) if isinstance(value, str) else None
 
 
-@LAB.exercise(EX3, minutes=15, names=("verdicts",), needs="tpu-compiler", kind="predict")
+@LAB.exercise(EX3, minutes=15, needs="tpu-compiler", kind="predict")
 def check_verdicts(verdicts: Any) -> CheckResult:
     """``verdicts``: candidate letter -> ``"fits"``, ``"misaligned"`` or ``"too big"``,
     graded against the TPU compiler compiling each candidate for :data:`TARGET`."""
@@ -306,7 +306,7 @@ def compile_scores(fn: Callable, target: str = TARGET) -> Any:
     return hlo.inspect(fn, S((lq, d), jnp.bfloat16), S((lk, d), jnp.bfloat16), target=target)
 
 
-@LAB.exercise(EX4, minutes=25, names=("attention_scores",), kind="transfer")
+@LAB.exercise(EX4, minutes=25, kind="transfer")
 def check_attention_scores(attention_scores: Callable[..., Any]) -> CheckResult:
     """``attention_scores(q, k, bq, interpret)``: ``softmax(q @ k.T / sqrt(d))`` in the TPU
     interpreter, then (where the TPU compiler is installed) one Mosaic custom call in the
@@ -368,8 +368,8 @@ def check_attention_scores(attention_scores: Callable[..., Any]) -> CheckResult:
 # -- Exercise 5 ----------------------------------------------------------------------
 
 
-@LAB.exercise(EX5, minutes=15, names=("matmul_ktiled", "fast_blocks"), needs="accelerator",
-              kind="predict")
+@LAB.exercise(EX5, minutes=15, needs="accelerator", kind="predict",
+              predicts=("fast_blocks",))
 def check_fast(matmul_ktiled: Callable[..., Any], fast_blocks: Any,
                fraction: float = FAST_FRACTION) -> CheckResult:
     """On a TPU: ``matmul_ktiled`` with ``fast_blocks`` on :data:`FAST_PROBLEM` in bf16
