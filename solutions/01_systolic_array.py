@@ -20,8 +20,13 @@
 # plan below gives each one's time). One is code to write, two carry the chapter's ideas
 # to cases it did not show, and two ask for a prediction before the simulator answers.
 # Each ends with a check cell: it says what is right, or what is wrong with a hint;
-# `checks.reveal("Exercise 2")` shows the expected answer if you are stuck. The last cell
-# is your scorecard.
+# `checks.reveal("Exercise 2")` shows the expected answer once your attempt has been
+# checked. The last cell is your scorecard.
+#
+# A prediction is recorded with `checks.ch01.LAB.predict(...)` before its measurement is
+# shown, and it is locked once the measurement has been shown in this session: the check
+# grades that recorded value. (`tpu-course grade` re-runs the notebook and grades the value
+# in the cell.)
 #
 # Notation as in the chapter: C[M x N] = A[M x K] @ B[K x N] on an array of `R` rows and
 # `C` columns; `F` folds (tiles of B the array takes one after another), `T` vectors
@@ -86,11 +91,13 @@ checks.ch01.LAB
 # %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 1: tile a large matmul onto a fixed array (25 min)
 #
-# The array holds at most `rows x cols` weights. Write `tiled_matmul(a, b, rows, cols,
-# sim)` that computes `a @ b` by calling `sim(a_tile, b_tile, rows, cols)` (it behaves
-# exactly like `systolic.simulate` and returns a `SystolicRun`) on tiles of `b` that fit
-# the array, and reassembles the results. Remember which tiles' partial sums belong to
-# the same output.
+# The array holds at most `rows x cols` weights: its rows hold rows of `b` (K), its
+# columns columns of `b` (N), and it need not be square. Write `tiled_matmul(a, b, rows,
+# cols, sim)` that computes `a @ b` by calling `sim(a_tile, b_tile, rows, cols)` (it
+# behaves exactly like `systolic.simulate` and returns a `SystolicRun`) on tiles of `b`
+# that fit the array, and assembles the output from the runs' results. Every product goes
+# through `sim`, each tile once. Remember which tiles' partial sums belong to the same
+# output. The check uses a non-square array; grading also tries other shapes and arrays.
 
 # %%
 def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
@@ -134,21 +141,21 @@ finishes_first = "256x256"
 ### END SOLUTION
 
 # %%
-with checks.skip_if_not_written():
-    print(f"your prediction: 128x128 {predicted_128}, 256x256 {predicted_256}, "
-          f"first: {finishes_first}")
+checks.ch01.LAB.predict("Exercise 2", predicted_128, predicted_256, finishes_first)
 
 # %% [markdown]
-# Now the simulator moves every value through both arrays:
+# Now the simulator moves every value through both arrays (once your prediction is
+# recorded; showing it locks the prediction):
 
 # %%
-rng = np.random.default_rng(0)
-A2 = rng.integers(-2, 3, checks.ch01.GEMM[:2])
-B2 = rng.integers(-2, 3, checks.ch01.GEMM[1:])
-for side in (128, 256):
-    run = systolic.simulate(A2, B2, side, side)
-    print(f"{side}x{side}: {run.folds} folds, {run.cycles:,} cycles, "
-          f"utilisation {run.utilization:.3f}")
+if checks.ch01.LAB.predicted("Exercise 2"):
+    rng = np.random.default_rng(0)
+    A2 = rng.integers(-2, 3, checks.ch01.GEMM[:2])
+    B2 = rng.integers(-2, 3, checks.ch01.GEMM[1:])
+    for side in (128, 256):
+        run = systolic.simulate(A2, B2, side, side)
+        print(f"{side}x{side}: {run.folds} folds, {run.cycles:,} cycles, "
+              f"utilisation {run.utilization:.3f}")
 
 # %%
 checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
@@ -160,9 +167,10 @@ checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 # showed utilisation against a square size. Here the weights are fixed and you choose
 # the batch: write `smallest_batch(K, N, rows, cols)`, the smallest M at which the
 # weight-stationary array (`timing="tpu"`) is at least 90 % busy (wastes under 10 % of
-# its cell-cycles), or `None` when no batch gets there. Reason from the cycle model; the
-# checker tries a layer with many folds, one with a single fold, a v6e-sized array, and
-# one more.
+# its cell-cycles), or `None` when no batch gets there. Reason from the cycle model (the
+# `systolic` functions that compute cycles or utilisation are not an answer); the
+# checker tries a layer with many folds, one with a single fold, a v6e-sized array, a
+# non-square array (`rows != cols`), and one more; grading tries other layers and arrays.
 
 # %%
 def smallest_batch(K, N, rows, cols):
@@ -194,10 +202,11 @@ checks.ch01.check_smallest_batch(smallest_batch)
 
 # %% [markdown] tags=["solution"]
 # Many folds: from M = R on, each fold's weight load hides behind the previous fold's
-# stream, so the batch needs to be only about the array's width. One fold: the stream
-# pays the first load and the pipeline's fill and drain (R + R + C - 2 cycles) once, so
-# M must be about 9 times that. And K = 100 on 128 rows leaves 28 rows idle in every
-# fold, whatever the batch.
+# stream, so the batch needs to be only about the array's height (R rows). One fold: the
+# stream pays the first load and the pipeline's fill and drain (R + R + C - 2 cycles)
+# once, so M must be about 9 times that. And K = 100 on 128 rows leaves 28 rows idle in
+# every fold, whatever the batch. On a non-square array R and C play different parts: R
+# is paid three times (load, fill, and `max(M, R)` between folds), C once.
 
 # %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 4: choose the dataflow (15 min)
@@ -206,7 +215,9 @@ checks.ch01.check_smallest_batch(smallest_batch)
 # rows, cols)` returning `'ws'`, `'is'` or `'os'`: the one with the fewest cycles for this
 # shape (`timing="tpu"`). Derive it from what each dataflow keeps in the cells (the
 # chapter's table: which dimensions fill the rows and columns, which one streams), not by
-# running `systolic`. The cell after the check simulates your choice against the others.
+# running `systolic` (the check refuses an answer that calls it). Arrays need not be
+# square: with `rows != cols` it matters which dimension lies along the rows. The cell
+# after the check simulates your choice against the others.
 
 # %%
 def best_dataflow(M, K, N, rows, cols):
@@ -225,12 +236,13 @@ def best_dataflow(M, K, N, rows, cols):
 checks.ch01.check_best_dataflow(best_dataflow)
 
 # %%
-M4, K4, N4 = 96, 1000, 700
+M4, K4, N4, R4, C4 = 384, 640, 192, 256, 128  # a non-square array: 256 rows, 128 columns
+rng = np.random.default_rng(4)
 a4, b4 = rng.integers(-2, 3, (M4, K4)), rng.integers(-2, 3, (K4, N4))
 with checks.skip_if_not_written():
-    choice = best_dataflow(M4, K4, N4, 128, 128)
+    choice = best_dataflow(M4, K4, N4, R4, C4)
     for df in ("ws", "is", "os"):
-        r = systolic.simulate(a4, b4, 128, 128, dataflow=df)
+        r = systolic.simulate(a4, b4, R4, C4, dataflow=df)
         mark = "  <- your choice" if df == choice else ""
         print(f"{df}: {r.cycles:,} cycles, utilisation {r.utilization:.3f}{mark}")
 
@@ -241,7 +253,7 @@ with checks.skip_if_not_written():
 # again (`checks.ch01.STALL_TERM`) to a running sum kept in bf16. **Predict** the value at
 # which the sum stops growing, from the format alone (7 significand bits: the gap between
 # neighbouring bf16 numbers in [2^e, 2^(e+1)) is 2^(e-7); a sum rounds to the nearest
-# neighbour). Then the next cell computes it.
+# neighbour). Record it, then the cell after computes it.
 
 # %%
 ### BEGIN SOLUTION Exercise 5 (where a bf16 sum stalls)
@@ -252,10 +264,16 @@ predicted_stall = 32.0
 ### END SOLUTION
 
 # %%
-total = ml_dtypes.bfloat16(0)
-for _ in range(2000):
-    total = ml_dtypes.bfloat16(np.float32(total) + np.float32(checks.ch01.STALL_TERM))
-print("a bf16 running sum of 0.1, 2000 times:", float(total), "(exact: 200)")
+checks.ch01.LAB.predict("Exercise 5", predicted_stall)
+
+# %%
+if checks.ch01.LAB.predicted("Exercise 5"):
+    total = ml_dtypes.bfloat16(0)
+    for _ in range(2000):
+        total = ml_dtypes.bfloat16(np.float32(total) + np.float32(checks.ch01.STALL_TERM))
+    print("a bf16 running sum of 0.1, 2000 times:", float(total), "(exact: 200)")
+
+# %%
 checks.ch01.check_stall(predicted_stall)
 
 # %% [markdown]
