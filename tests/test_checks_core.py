@@ -200,6 +200,7 @@ def test_course_code_is_found_directly_and_through_wrappers_and_helpers():
     ref = systolic.cycle_count
     assert course_code_used(ref, [ref]) is ref
     assert course_code_used(functools.partial(ref, dataflow="ws"), [ref]) is ref
+    assert course_code_used(functools.partial(lambda f, *a: f(*a), ref), [ref]) is ref
     assert course_code_used(lambda *a: systolic.cycle_count(*a), [ref]) is ref
     assert course_code_used(lambda *a: _helper(*a), [ref]) is ref  # a helper of the learner's
     cc = systolic.cycle_count

@@ -344,6 +344,11 @@ def course_code_used(answer: Any, forbidden: Sequence[Any], *, depth: int = 4) -
     def visit(obj: Any, level: int) -> Any | None:
         if id(obj) in banned:
             return banned[id(obj)]
+        if isinstance(obj, functools.partial):  # what a partial binds counts too
+            for value in (*obj.args, *obj.keywords.values()):
+                found = visit(value, level + 1) if callable(value) else None
+                if found is not None:
+                    return found
         obj = _unwrap(obj)
         if id(obj) in banned:
             return banned[id(obj)]
