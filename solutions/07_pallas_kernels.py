@@ -21,8 +21,17 @@
 # runtime (on a TPU they run for real), so the checks grade their numbers everywhere.
 # Exercise 3 asks the real TPU compiler (compile-only, for a v5e this machine need not
 # have) and is skipped where it is not installed; Exercise 5 needs a TPU. A failed check
-# gives a hint; `checks.reveal("Exercise 3")` shows the expected answer. The last cell
-# is your scorecard.
+# gives a hint; `checks.reveal("Exercise 3")` shows the expected answer once your attempt
+# has been checked. The last cell is your scorecard. The checks read your kernels as well
+# as their numbers: they trace each function and look inside its `pallas_call`, so the
+# work has to happen in the kernel, on the grid the exercise asks for. The grader also
+# runs them on shapes and blocks this notebook does not show.
+#
+# Exercises 2, 3 and 5 are predictions: you record yours with `ch07.LAB.predict(...)`,
+# and only then does the next cell show what the compiler (or the chip) says. A prediction
+# is locked once its measurement has been shown in this session, and the check grades
+# that recorded value; `tpu-course grade` re-runs the notebook and grades the value in the
+# cell.
 #
 # Chapter 7's kernels are your starting point; the exercises do not repeat them.
 
@@ -72,6 +81,7 @@ rt = runtime.describe()
 print(rt.banner())
 
 # %%
+import functools
 import math
 
 import jax
@@ -84,6 +94,7 @@ from tpu_course import checks, hlo, kernels
 from tpu_course.checks import NotWritten, ch07
 
 INTERPRET = kernels.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
+S = jax.ShapeDtypeStruct
 ch07.LAB
 
 # %% [markdown] workshop={"agenda": "self-paced"}
@@ -101,7 +112,10 @@ ch07.LAB
 # `compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel",
 # "arbitrary"))` so the compiler knows only the K axis carries a dependence.
 #
-# The interpreter fills fresh VMEM with NaN, so a forgotten zeroing shows.
+# The interpreter fills fresh VMEM with NaN, so a forgotten zeroing shows. The check
+# also traces your function (`jax.make_jaxpr`, no TPU needed) and reads it: the matmul
+# must happen inside the kernel, on the K-tiled grid, with K marked `"arbitrary"` and a
+# float32 accumulator (it traces your kernel with bfloat16 inputs too).
 
 # %%
 def matmul_ktiled(x, y, bm, bk, bn, interpret):
@@ -143,7 +157,9 @@ ch07.check_matmul_ktiled(matmul_ktiled)
 # Write `vmem_footprint(bm, bk, bn, itemsize)`: the bytes of VMEM your kernel's buffers
 # take. Pallas double-buffers each block it copies in or out (x's, y's and the
 # output's); the accumulator is scratch, float32, and single. (Ignore the compiler's own
-# small scratch.)
+# small scratch.) This is a prediction: record your function with the cell after it;
+# the next one then compiles your Exercise 1 kernel for a v5e with two block choices too
+# big for its scoped VMEM and shows the bytes the compiler asked for beside your model's.
 
 # %%
 def vmem_footprint(bm, bk, bn, itemsize):
@@ -151,6 +167,27 @@ def vmem_footprint(bm, bk, bn, itemsize):
     return 2 * (bm * bk + bk * bn + bm * bn) * itemsize + 4 * bm * bn
     ### END SOLUTION
 
+
+# %% tags=["nbval-ignore-output"]
+with checks.skip_if_not_written():
+    vmem_footprint(512, 512, 512, 2)  # still the stub? then nothing is recorded
+    ch07.LAB.predict("Exercise 2", vmem_footprint)
+
+# %% tags=["nbval-ignore-output"]
+if ch07.LAB.predicted("Exercise 2"):
+    problem = hlo.tpu_compiler_problem()
+    with checks.skip_if_not_written():
+        for bm, bk, bn in [(2048, 512, 1024), (1024, 1024, 2048)]:
+            mine = vmem_footprint(bm, bk, bn, 2) / 2**20
+            if problem:
+                print(f"({bm}, {bk}, {bn}): your model {mine:.2f} MiB; the compiler's count "
+                      f"needs the TPU compiler: {problem}")
+                continue
+            blocks = dict(bm=bm, bk=bk, bn=bn, interpret=False)
+            v = kernels.compile_verdict(functools.partial(matmul_ktiled, **blocks),
+                                        S((4096, 4096), jnp.bfloat16),
+                                        S((4096, 4096), jnp.bfloat16))
+            print(f"({bm}, {bk}, {bn}) in bf16: your model {mine:.2f} MiB; {v}")
 
 # %%
 ch07.check_footprint(vmem_footprint)
@@ -179,6 +216,24 @@ verdicts = {"a": "fits", "b": "misaligned", "c": "fits", "d": "too big", "e": "m
 ### END SOLUTION
 
 # %%
+ch07.LAB.predict("Exercise 3", verdicts)
+
+# %% tags=["nbval-ignore-output"]
+if ch07.LAB.predicted("Exercise 3"):
+    problem = hlo.tpu_compiler_problem()
+    if problem:
+        print(f"the compiler's verdicts need the TPU compiler: {problem}")
+    else:
+        with checks.skip_if_not_written():
+            m, k, n = ch07.PROBLEM
+            for name, (bm, bk, bn) in ch07.CANDIDATES.items():
+                blocks = dict(bm=bm, bk=bk, bn=bn, interpret=False)
+                v = kernels.compile_verdict(functools.partial(matmul_ktiled, **blocks),
+                                            S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
+                                            target=ch07.TARGET)
+                print(f"{name}: you said {verdicts[name]!r:<12} compiler: {v}")
+
+# %%
 ch07.check_verdicts(verdicts)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
@@ -190,9 +245,11 @@ ch07.check_verdicts(verdicts)
 # `attention_scores(q, k, bq, interpret)` as **one** kernel: a 1-D grid over blocks of
 # `bq` queries; each step reads its query block and all of `k`, computes the block's
 # scores on the MXU (`jax.lax.dot_general` contracting the last dims of both, or
-# `jnp.dot` with a transposed `k`), scales, and writes the block's softmax (subtract
-# each row's max first). The check runs it in the interpreter, then (with the TPU
-# compiler) counts what the compiled HLO holds against XLA's version.
+# `jnp.dot` with the k block transposed inside the kernel), scales, and writes the
+# block's softmax (subtract each row's max first). Nothing but the `pallas_call` runs
+# outside the kernel: the check traces your function and looks. It runs it in the
+# interpreter, then (with the TPU compiler) counts what the compiled HLO holds against
+# XLA's version.
 
 # %%
 def attention_scores(q, k, bq, interpret):
@@ -227,13 +284,36 @@ ch07.check_attention_scores(attention_scores)
 # Pick `fast_blocks = (bm, bk, bn)` for a 4096-cube bf16 matmul so that your
 # `matmul_ktiled` reaches at least 70 % of `jnp.dot`'s throughput on this chip (both
 # timed with `tpu_course.bench`). Use the chapter's traffic model (bigger tiles re-read
-# less), the MXU width, and your footprint against the scoped limit. Elsewhere the
-# check is skipped: an interpreter's time says nothing about a TPU.
+# less), the MXU width, and your footprint against the scoped limit. Record your choice
+# before the next cell times it. Elsewhere the timing is skipped: an interpreter's time
+# says nothing about a TPU (the check still reads your kernel: it must be Exercise 1's
+# Pallas kernel).
 
 # %%
 ### BEGIN SOLUTION Exercise 5 (a real chip: near jnp.dot's time)
 fast_blocks = (512, 1024, 1024)
 ### END SOLUTION
+
+# %%
+ch07.LAB.predict("Exercise 5", fast_blocks)
+
+# %% tags=["nbval-ignore-output"]
+if ch07.LAB.predicted("Exercise 5"):
+    if rt.platform != "tpu":
+        print(f"no timing here: {kernels.where_kernels_run()}")
+    else:
+        with checks.skip_if_not_written():
+            from tpu_course import bench
+
+            bm, bk, bn = fast_blocks
+            m, k, n = ch07.FAST_PROBLEM
+            x = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
+            y = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
+            mine = bench.benchmark(jax.jit(lambda a, b: matmul_ktiled(a, b, bm, bk, bn, False)),
+                                   x, y, name="your kernel", warn=False)
+            ref = bench.benchmark(jax.jit(jnp.dot), x, y, name="jnp.dot", warn=False)
+            print(f"your kernel {mine.median_s * 1e3:.3f} ms, jnp.dot {ref.median_s * 1e3:.3f} "
+                  f"ms: {ref.median_s / mine.median_s:.0%} of jnp.dot's throughput")
 
 # %%
 ch07.check_fast(matmul_ktiled, fast_blocks)

@@ -11,7 +11,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 from tpu_course import errors, hlo, kernels
-from tpu_course.checks import ch07
+from tpu_course.checks._answers import ch07 as answers
 
 COMPILER = hlo.tpu_compiler_problem() is None
 needs_compiler = pytest.mark.skipif(not COMPILER, reason="needs the TPU compiler (libtpu)")
@@ -50,12 +50,12 @@ def test_scoped_vmem_limit_measured():
 @needs_compiler
 def test_compile_verdicts_against_the_compiler():
     big = (S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
-    ref = ch07.matmul_ktiled_reference
+    ref = answers.matmul_ktiled_reference
     assert kernels.compile_verdict(functools.partial(ref, bm=512, bk=512, bn=512), *big).status \
         == kernels.FITS
     v = kernels.compile_verdict(functools.partial(ref, bm=1024, bk=512, bn=2048), *big)
     # the model counts every byte the compiler asks for here
-    assert v.status == kernels.TOO_BIG and v.needed_bytes == ch07.footprint(1024, 512, 2048, 2)
+    assert v.status == kernels.TOO_BIG and v.needed_bytes == answers.footprint(1024, 512, 2048, 2)
     assert v.limit_bytes == 16 * 2**20 and "22.00 MiB" in str(v)
     # the same blocks fit once vmem_limit_bytes raises the limit
     roomy = functools.partial(ref, bm=1024, bk=512, bn=2048, vmem_limit_bytes=32 * 2**20)

@@ -1,20 +1,29 @@
 """Checkers for lab 7: Pallas kernels for the MXU, graded on any machine.
 
-Kernels are graded by their numbers in Pallas's TPU interpreter (any runtime: see
-:func:`tpu_course.kernels.interpret_mode`), by the TPU compiler's verdict on their blocks
-and by the HLO it produces (compile-only targets: needs ``libtpu``, see
-:func:`tpu_course.hlo.tpu_compiler_problem`), and on a real TPU by their time against
-``jnp.dot``'s with :mod:`tpu_course.bench`.
+Kernels are graded by what they are and by their numbers. What they are: each answer is
+traced (``jax.make_jaxpr``, no compiler needed) and the checker reads the program: the
+work must happen inside the ``pallas_call`` (its kernel body holds the matmul, the
+softmax), on the grid the exercise asks for, with the compiler parameters and the
+accumulator dtype it asks for. Their numbers: Pallas's TPU interpreter on any runtime
+(:func:`tpu_course.kernels.interpret_mode`). Where the TPU compiler is installed (``libtpu``,
+see :func:`tpu_course.hlo.tpu_compiler_problem`) it also grades their blocks and the HLO
+they produce, and on a real TPU their time against ``jnp.dot``'s (:mod:`tpu_course.bench`).
+
+The course's own answers live in :mod:`tpu_course.checks._answers.ch07`; an answer that is,
+or calls, one of them is refused.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tpu_course import kernels
-from tpu_course.checks._core import CheckResult, Lab, as_number, fail, ok, skipped
+from tpu_course.checks._answers import ch07 as _answers
+from tpu_course.checks._core import (
+    CheckResult, Lab, as_number, ok, refuse, refuse_course_code, skipped,
+)
 
 LAB = Lab(7, "Pallas kernels for the MXU")
 
@@ -26,6 +35,8 @@ EX5 = "Exercise 5 (a real chip: near jnp.dot's time)"
 
 #: Exercise 1's cases: (m, k, n) and blocks (bm, bk, bn), float32, interpret mode.
 MATMUL_CASES = (((256, 384, 256), (128, 128, 128)), ((128, 512, 384), (128, 256, 128)))
+#: Exercise 2's cases: blocks (bm, bk, bn) and the element size in bytes.
+FOOTPRINT_CASES = (((512, 512, 512), 2), ((256, 1024, 128), 4), ((8, 128, 256), 2))
 #: Exercise 3: the problem, the target, and the candidate blocks (bm, bk, bn).
 PROBLEM = (4096, 4096, 4096)
 TARGET = "v5e:1x1"
@@ -40,70 +51,8 @@ FAST_PROBLEM = (4096, 4096, 4096)
 FAST_FRACTION = 0.7
 
 _VERDICTS = (kernels.FITS, kernels.MISALIGNED, kernels.TOO_BIG)
-
-
-# -- the references ------------------------------------------------------------------
-
-
-def ktiled_kernel(x_ref: Any, y_ref: Any, o_ref: Any, acc_ref: Any) -> None:
-    """One (i, j, k) grid step: add this K block's product into a float32 accumulator in
-    VMEM, zeroed at the first K step and written out at the last."""
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-
-    @pl.when(pl.program_id(2) == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _write():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def matmul_ktiled_reference(x: Any, y: Any, bm: int, bk: int, bn: int,
-                            interpret: Any = False, vmem_limit_bytes: int | None = None) -> Any:
-    """Lab 7's reference kernel: ``x @ y`` on a 3-D grid (M/bm, N/bn, K/bk), K last."""
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    m, k = x.shape
-    n = y.shape[1]
-    return pl.pallas_call(
-        ktiled_kernel,
-        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        grid=(m // bm, n // bn, k // bk),
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=vmem_limit_bytes),
-        interpret=interpret,
-    )(x, y)
-
-
-def footprint(bm: int, bk: int, bn: int, itemsize: int) -> int:
-    """Exercise 2's model: the x, y and output blocks, each double-buffered, plus the
-    float32 accumulator (single: it stays in VMEM for the whole K loop).
-
-    >>> footprint(512, 512, 512, 2) / 2**20
-    4.0
-    """
-    return 2 * (bm * bk + bk * bn + bm * bn) * itemsize + 4 * bm * bn
-
-
-def scores_reference(q: Any, k: Any) -> Any:
-    """Exercise 4's operation: ``softmax(q @ k.T / sqrt(d))`` over the keys, in float32."""
-    import jax
-    import jax.numpy as jnp
-
-    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
-    return jax.nn.softmax(s, axis=-1).astype(q.dtype)
+_INDEX_MAPS = ("check the index maps: step (i, j, k) needs x's block (i, k), y's block "
+               "(k, j), and writes the output's block (i, j)")
 
 
 def _arrays(shape_a: tuple[int, ...], shape_b: tuple[int, ...], seed: int = 0) -> tuple[Any, Any]:
@@ -115,136 +64,393 @@ def _arrays(shape_a: tuple[int, ...], shape_b: tuple[int, ...], seed: int = 0) -
             jnp.asarray(rng.standard_normal(shape_b), jnp.float32))
 
 
-def _uses_pallas(fn: Callable, *args: Any) -> bool:
+# -- reading a traced program: what runs inside the kernel, what outside ------------------
+
+#: Primitives that only wrap other code (a jit, a custom derivative, a named call): the
+#: checker looks inside them, and they are not work of their own.
+_WRAPPERS = frozenset({"pjit", "jit", "closed_call", "core_call", "named_call", "remat",
+                       "checkpoint", "custom_jvp_call", "custom_vjp_call",
+                       "custom_vjp_call_jaxpr"})
+#: Primitives that move or relabel data without computing (allowed around a kernel).
+_PLUMBING = frozenset({"convert_element_type", "reshape", "squeeze", "expand_dims", "copy",
+                       "copy_p", "device_put"})
+_SOFTMAX = frozenset({"exp", "exp2", "reduce_max", "max", "reduce_sum", "logistic", "log",
+                      "div"})
+
+
+def _subjaxprs(value: Any) -> Iterator[Any]:
+    """The jaxprs inside one equation parameter (a jaxpr, a closed jaxpr, or a tuple of
+    them, as ``cond``'s branches are)."""
+    if hasattr(value, "eqns"):
+        yield value
+    elif hasattr(getattr(value, "jaxpr", None), "eqns"):
+        yield value.jaxpr
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _subjaxprs(v)
+
+
+def _eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it (branches, loops)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in _subjaxprs(value):
+                yield from _eqns(sub)
+
+
+def _dtype(aval: Any) -> Any:
+    return getattr(aval, "dtype", None) or getattr(getattr(aval, "inner_aval", None), "dtype",
+                                                   None)
+
+
+def _narrow_float(dtype: Any) -> bool:
+    """True for a floating dtype of fewer than 32 bits (bfloat16, float16, float8)."""
+    import numpy as np
+
+    try:
+        import jax.numpy as jnp
+
+        return bool(jnp.issubdtype(dtype, jnp.floating)) and np.dtype(dtype).itemsize < 4
+    except TypeError:
+        return False
+
+
+def _semantics(params: Any) -> tuple[str, ...] | None:
+    """The ``dimension_semantics`` a pallas_call was given, lowercased, or None."""
+    found = getattr(params, "dimension_semantics", None)
+    if found is None and isinstance(params, dict):
+        found = params.get("dimension_semantics")
+        for value in params.values():
+            found = found or getattr(value, "dimension_semantics", None)
+    if found is None:
+        return None
+    return tuple(str(getattr(s, "name", s)).lower() for s in found)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kernel:
+    """One ``pallas_call`` as traced: its grid, dimension semantics, the equations of its
+    kernel body (nested ones included) and the dtypes of its scratch buffers."""
+
+    grid: tuple[int, ...]
+    semantics: tuple[str, ...] | None
+    body: tuple[Any, ...]
+    scratch: tuple[Any, ...]
+
+    @property
+    def ops(self) -> set[str]:
+        return {e.primitive.name for e in self.body}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    """A traced answer: its kernels, and the work (primitive names) done outside them."""
+
+    kernels: tuple[_Kernel, ...]
+    outside: tuple[str, ...]
+
+
+def _trace(exercise: str, fn: Callable, *args: Any) -> _Program:
+    """Trace ``fn(*args)`` (arrays or ``jax.ShapeDtypeStruct``) and split its program into
+    the pallas_calls' kernels and the rest; a function that cannot be traced ends the check."""
     import jax
 
-    return "pallas_call" in str(jax.make_jaxpr(fn)(*args))
+    try:
+        closed = jax.make_jaxpr(fn)(*args)
+    except NotImplementedError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a learner's code may raise anything
+        refuse(exercise, f"tracing your function (jax.make_jaxpr) raised {type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:240] if str(err) else ''}",
+               hint="a kernel's wrapper must trace: only jax.numpy, lax and Pallas on the "
+                    "inputs (no numpy conversions, no Python branches on values); inside the "
+                    "kernel, read and write refs with the same dtype")
+    found: list[_Kernel] = []
+    outside: list[str] = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name == "pallas_call":
+                body = eqn.params["jaxpr"]
+                mapping = eqn.params["grid_mapping"]
+                count = int(getattr(mapping, "num_scratch_operands", 0) or 0)
+                scratch = tuple(_dtype(v.aval) for v in body.invars[len(body.invars) - count:]
+                                ) if count else ()
+                found.append(_Kernel(tuple(int(g) for g in mapping.grid),
+                                     _semantics(eqn.params.get("compiler_params")),
+                                     tuple(_eqns(body)), scratch))
+                continue
+            if name not in _WRAPPERS:
+                outside.append(name)
+            for value in eqn.params.values():
+                for sub in _subjaxprs(value):
+                    walk(sub)
+
+    walk(closed.jaxpr)
+    return _Program(tuple(found), tuple(outside))
+
+
+def _one_kernel(exercise: str, program: _Program, what: str) -> _Kernel:
+    """The program's one pallas_call; none or several end the check."""
+    if not program.kernels:
+        refuse(exercise, f"your function runs no pallas_call: {what} is not a Pallas kernel",
+               hint="write the kernel with pl.pallas_call and do the work inside it, not "
+                    "with jnp outside")
+    if len(program.kernels) > 1:
+        refuse(exercise, f"your function runs {len(program.kernels)} pallas_calls, not one",
+               hint="one kernel does it all: between two pallas_calls the intermediate "
+                    "result goes out to HBM and comes back")
+    return program.kernels[0]
 
 
 # -- Exercise 1 ----------------------------------------------------------------------
 
 
+def _ktiled_program(exercise: str, matmul_ktiled: Callable[..., Any], x: Any, y: Any,
+                    blocks: tuple[int, int, int], interpret: Any, case: str) -> None:
+    """Ends the check unless ``matmul_ktiled`` traces to one pallas_call whose kernel does
+    the matmul, on a grid with K's steps last, K not marked parallel, and (for narrow
+    inputs) a float32 accumulation."""
+    bm, bk, bn = blocks
+    m, k = x.shape
+    n = y.shape[1]
+    program = _trace(exercise, lambda a, b: matmul_ktiled(a, b, bm, bk, bn, interpret), x, y)
+    kernel = _one_kernel(exercise, program, "matmul_ktiled")
+    if "dot_general" in program.outside:
+        refuse(exercise, f"for {case} the matmul runs outside your kernel: the traced program "
+                         "has a jnp.dot (dot_general) outside the pallas_call",
+               hint="the pallas_call must not just copy a product made outside it: each grid "
+                    "step multiplies its x block by its y block inside the kernel")
+    if "dot_general" not in kernel.ops:
+        refuse(exercise, f"for {case} your kernel does no matmul: its body has no jnp.dot "
+                         "(dot_general)",
+               hint="each step computes jnp.dot(x_ref[...], y_ref[...], "
+                    "preferred_element_type=jnp.float32) and adds it into the accumulator")
+    steps, grid = -(-k // bk), kernel.grid
+    if steps not in grid:
+        refuse(exercise, f"for {case} your grid {grid} has no K axis: K is not tiled into "
+                         "bk blocks",
+               hint="a 3-D grid (M // bm, N // bn, K // bk), K last: x comes in (bm, bk) "
+                    "blocks, y in (bk, bn) blocks, and the accumulator sums over K's steps")
+    if len(grid) != 3 or grid[-1] != steps:
+        refuse(exercise, f"for {case} K's steps are not the last axis of your grid {grid}",
+               hint="the accumulator sums one output block over all of K before the next "
+                    "block starts, so K runs innermost: grid (M // bm, N // bn, K // bk)")
+    if sorted(grid[:2]) != sorted((-(-m // bm), -(-n // bn))):
+        refuse(exercise, f"for {case} the first two axes of your grid {grid} do not cover "
+                         "the output's (bm, bn) blocks",
+               hint="grid (M // bm, N // bn, K // bk): one (i, j) pair per output block")
+    semantics = kernel.semantics
+    if semantics and len(semantics) == len(grid) and "parallel" in semantics[-1]:
+        refuse(exercise, f"you marked the K axis {semantics[-1]!r} in dimension_semantics "
+                         f"{semantics}",
+               hint='each K step adds into what the step before it left in the accumulator: '
+                    'K carries a dependence, so it is "arbitrary" (only M and N are '
+                    '"parallel"); a parallel axis may be split across cores or reordered')
+    narrow = [d for d in kernel.scratch if _narrow_float(d)]
+    if narrow:
+        refuse(exercise, f"your accumulator (scratch) is {narrow[0]}, not float32",
+               hint="accumulate in float32 (pltpu.VMEM((bm, bn), jnp.float32)) and cast once "
+                    "when you write the output block: a 16-bit sum over K's steps rounds at "
+                    "every step")
+    if not _narrow_float(x.dtype):
+        return
+    for eqn in kernel.body:
+        out = eqn.outvars[0].aval if eqn.outvars else None
+        if (eqn.primitive.name in ("add", "add_any") and _narrow_float(_dtype(out))
+                and tuple(getattr(out, "shape", ())) == (bm, bn)):
+            refuse(exercise, f"with {x.dtype} inputs your kernel adds the K steps' products "
+                             f"in {_dtype(out)}: a {_dtype(out)} accumulator",
+                   hint="keep a float32 accumulator in VMEM scratch (not the output block, "
+                        "which has the inputs' dtype) and cast once at the last K step")
+    for eqn in kernel.body:
+        if eqn.primitive.name == "dot_general" and _narrow_float(_dtype(eqn.outvars[0].aval)):
+            refuse(exercise, f"with {x.dtype} inputs each step's jnp.dot returns "
+                             f"{_dtype(eqn.outvars[0].aval)}: every block's product is rounded "
+                             "before it is added",
+                   hint="pass preferred_element_type=jnp.float32 to jnp.dot, so that the MXU's "
+                        "float32 sums reach the accumulator as they are")
+
+
 def _carries_over(got: Any, want: Any, bm: int, bn: int) -> bool:
-    """True when each output block (in grid order) is the running sum of the right
-    blocks so far: an accumulator zeroed once, not at every block's first K step."""
+    """True when each output block (in grid order, rows or columns first) is the running
+    sum of the right blocks so far: an accumulator zeroed once, not at every block's first
+    K step."""
     import numpy as np
 
-    running = np.zeros((bm, bn))
-    blocks = [(i, j) for i in range(got.shape[0] // bm) for j in range(got.shape[1] // bn)]
-    for i, j in blocks:
-        running = running + want[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
-        if not np.allclose(got[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn], running,
-                           rtol=1e-3, atol=1e-3):
-            return False
-    return len(blocks) > 1
+    rows, cols = range(got.shape[0] // bm), range(got.shape[1] // bn)
+    for order in ([(i, j) for i in rows for j in cols], [(i, j) for j in cols for i in rows]):
+        running, carried = np.zeros((bm, bn)), len(order) > 1
+        for i, j in order:
+            running = running + want[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
+            carried &= np.allclose(got[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn], running,
+                                   rtol=1e-3, atol=1e-3)
+        if carried:
+            return True
+    return False
 
 
-@LAB.exercise(EX1, minutes=25, kind="transfer")
-def check_matmul_ktiled(matmul_ktiled: Callable[..., Any]) -> CheckResult:
-    """``matmul_ktiled(x, y, bm, bk, bn, interpret)`` against ``x @ y`` in the TPU
-    interpreter on :data:`MATMUL_CASES`, with a diagnosis of the usual mistakes."""
+def _matmul_numbers(matmul_ktiled: Callable[..., Any], m: int, k: int, n: int,
+                    blocks: tuple[int, int, int], seed: int, interpret: Any) -> None:
+    """Ends the check unless ``matmul_ktiled`` gives ``x @ y`` in the interpreter, naming
+    the usual mistakes."""
     import numpy as np
 
+    bm, bk, bn = blocks
+    x, y = _arrays((m, k), (k, n), seed)
+    case = f"[{m},{k}] @ [{k},{n}] with blocks (bm, bk, bn) = ({bm}, {bk}, {bn})"
+    try:
+        got = matmul_ktiled(x, y, bm, bk, bn, interpret)
+    except Exception as err:  # noqa: BLE001 - the interpreter's bounds check
+        if "out-of-bounds" not in str(err).lower():
+            raise
+        refuse(EX1, f"for {case} a block index falls outside its array", hint=_INDEX_MAPS)
+    if tuple(getattr(got, "shape", ())) != (m, n):
+        refuse(EX1, f"for {case} the result has shape {getattr(got, 'shape', None)}, not "
+                    f"({m}, {n})",
+               hint="out_shape is (m, n); the grid covers it with (bm, bn) blocks")
+    got = np.asarray(got, np.float64)
+    want = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+    if np.allclose(got, want, rtol=1e-3, atol=1e-3):
+        return
+    if not np.isfinite(got).all():
+        refuse(EX1, f"for {case} the result holds NaN",
+               hint="the interpreter fills fresh VMEM with NaN: is the accumulator zeroed (at "
+                    "the first K step, pl.program_id(2) == 0) before the first +=?")
+    last = np.asarray(x, np.float64)[:, k - bk:] @ np.asarray(y, np.float64)[k - bk:, :]
+    if np.allclose(got, last, rtol=1e-3, atol=1e-3):
+        refuse(EX1, f"for {case} the result is the product of the last K block only",
+               hint="add each K step's product into the accumulator (+=), and zero it only "
+                    "at the first K step")
+    if _carries_over(got, want, bm, bn):
+        refuse(EX1, f"for {case} each output block holds the sum of all the blocks before it",
+               hint="the accumulator carries over from the previous output block: zero it "
+                    "when a new block starts (pl.program_id(2) == 0)")
+    refuse(EX1, f"for {case} the numbers are wrong (largest error "
+                f"{np.abs(got - want).max():.3g})", hint=_INDEX_MAPS)
+
+
+def _hidden_matmul(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Two small problems with other shapes and blocks (at most 12 grid steps each)."""
+    cases = []
+    for _ in range(2):
+        bm, bk, bn = (int(rng.choice([8, 16, 64])), int(rng.choice([128, 256])),
+                      int(rng.choice([128, 256])))
+        m, k, n = bm * int(rng.integers(1, 3)), bk * int(rng.integers(2, 4)), bn * int(
+            rng.integers(1, 3))
+        cases.append((f"a [{m},{k}] @ [{k},{n}] matmul with blocks ({bm}, {bk}, {bn})",
+                      {"cases": (((m, k, n), (bm, bk, bn)),), "seed": int(rng.integers(2, 999))}))
+    return cases
+
+
+@LAB.exercise(EX1, minutes=25, kind="transfer", hidden=_hidden_matmul)
+def check_matmul_ktiled(matmul_ktiled: Callable[..., Any], cases: Any = MATMUL_CASES,
+                        seed: int = 0) -> CheckResult:
+    """``matmul_ktiled(x, y, bm, bk, bn, interpret)``: traced, one pallas_call whose kernel
+    does the matmul on the K-tiled grid (K last, not parallel) with a float32 accumulator
+    (also for bf16 inputs); then against ``x @ y`` in the TPU interpreter on ``cases``,
+    with a diagnosis of the usual mistakes."""
+    import jax
+    import jax.numpy as jnp
+
+    refuse_course_code(EX1, matmul_ktiled, _answers.matmul_ktiled_reference,
+                       _answers.ktiled_kernel)
     interpret = kernels.interpret_mode("cpu")
-    for (m, k, n), (bm, bk, bn) in MATMUL_CASES:
-        x, y = _arrays((m, k), (k, n))
-        case = f"[{m},{k}] @ [{k},{n}] with blocks (bm, bk, bn) = ({bm}, {bk}, {bn})"
-        try:
-            got = matmul_ktiled(x, y, bm, bk, bn, interpret)
-        except Exception as err:  # noqa: BLE001 - the interpreter's bounds check
-            if "out-of-bounds" not in str(err).lower():
-                raise
-            return fail(EX1, f"for {case} a block index falls outside its array",
-                        hint="check the index maps: step (i, j, k) needs x's block (i, k), "
-                             "y's block (k, j), and writes the output's block (i, j)")
-        if tuple(getattr(got, "shape", ())) != (m, n):
-            return fail(EX1, f"for {case} the result has shape {getattr(got, 'shape', None)}, "
-                             f"not ({m}, {n})",
-                        hint="out_shape is (m, n); the grid covers it with (bm, bn) blocks")
-        got = np.asarray(got, np.float64)
-        want = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
-        if np.allclose(got, want, rtol=1e-3, atol=1e-3):
-            continue
-        if not np.isfinite(got).all():
-            return fail(EX1, f"for {case} the result holds NaN",
-                        hint="the interpreter fills fresh VMEM with NaN: is the accumulator "
-                             "zeroed (at the first K step, pl.program_id(2) == 0) before "
-                             "the first +=?")
-        last = np.asarray(x, np.float64)[:, k - bk:] @ np.asarray(y, np.float64)[k - bk:, :]
-        if np.allclose(got, last, rtol=1e-3, atol=1e-3):
-            return fail(EX1, f"for {case} the result is the product of the last K block only",
-                        hint="add each K step's product into the accumulator (+=), and "
-                             "zero it only at the first K step")
-        if _carries_over(got, want, bm, bn):
-            return fail(EX1, f"for {case} each output block holds the sum of all the "
-                             "blocks before it",
-                        hint="the accumulator carries over from the previous output block: "
-                             "zero it when a new block starts (pl.program_id(2) == 0)")
-        return fail(EX1, f"for {case} the numbers are wrong (largest error "
-                         f"{np.abs(got - want).max():.3g})",
-                    hint="check the index maps: step (i, j, k) needs x's block (i, k), y's "
-                         "block (k, j), and writes the output's block (i, j)")
-    x, y = _arrays((256, 384), (384, 256))
-    if not _uses_pallas(lambda a, b: matmul_ktiled(a, b, 128, 128, 128, interpret), x, y):
-        return fail(EX1, "the numbers are right, but no pallas_call runs",
-                    hint="write the kernel with pl.pallas_call, not jnp.dot")
-    return ok(EX1, f"right on {len(MATMUL_CASES)} shapes and block choices in the TPU "
-                   "interpreter (float32)")
+    for (m, k, n), blocks in cases:
+        x, y = _arrays((m, k), (k, n), seed)
+        case = f"[{m},{k}] @ [{k},{n}] with blocks (bm, bk, bn) = {tuple(blocks)}"
+        _ktiled_program(EX1, matmul_ktiled, x, y, tuple(blocks), interpret, case)
+    (m, k, n), blocks = cases[0]
+    S = jax.ShapeDtypeStruct
+    _ktiled_program(EX1, matmul_ktiled, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
+                    tuple(blocks), interpret, f"bfloat16 [{m},{k}] @ [{k},{n}]")
+    for (m, k, n), blocks in cases:
+        _matmul_numbers(matmul_ktiled, m, k, n, tuple(blocks), seed, interpret)
+    return ok(EX1, f"one kernel on the K-tiled grid, K arbitrary, float32 accumulator; right "
+                   f"on {len(cases)} shape(s) and block choice(s) in the TPU interpreter")
 
 
 # -- Exercise 2 ----------------------------------------------------------------------
 
 
-@LAB.exercise(EX2, minutes=10, kind="predict")
-def check_footprint(vmem_footprint: Callable[[int, int, int, int], Any]) -> CheckResult:
-    """``vmem_footprint(bm, bk, bn, itemsize)``: :func:`footprint`, exactly."""
-    for (bm, bk, bn), size in (((512, 512, 512), 2), ((256, 1024, 128), 4), ((8, 128, 256), 2)):
-        got = as_number(EX2, vmem_footprint(bm, bk, bn, size),
-                        f"vmem_footprint({bm}, {bk}, {bn}, {size})")
-        if isinstance(got, CheckResult):
-            return got
-        want = footprint(bm, bk, bn, size)
-        answer = f"({bm}, {bk}, {bn}), {size}-byte elements: {want:,} bytes"
-        if got == want:
-            continue
-        blocks = (bm * bk + bk * bn + bm * bn) * size
-        if got == blocks + 4 * bm * bn:
-            return fail(EX2, f"for ({bm}, {bk}, {bn}) you counted each block once",
-                        hint="Pallas double-buffers every block it copies in or out: it "
-                             "fetches the next block while the MXU works on this one",
-                        answer=answer)
-        if got == 2 * blocks:
-            return fail(EX2, f"for ({bm}, {bk}, {bn}) you left out the accumulator",
-                        hint="the scratch accumulator lives in VMEM too (float32)",
-                        answer=answer)
-        if got in (2 * blocks + bm * bn * size, 2 * blocks + 8 * bm * bn):
-            return fail(EX2, f"for ({bm}, {bk}, {bn}) the accumulator is counted wrongly",
-                        hint="it is float32 (4 bytes) and single: it is scratch, not copied",
-                        answer=answer)
-        return fail(EX2, f"for ({bm}, {bk}, {bn}) your footprint is {got / want:.3g}x the "
-                         "model's",
-                    hint="three blocks (x: bm x bk, y: bk x bn, out: bm x bn), two buffers "
-                         "each, plus a bm x bn float32 accumulator", answer=answer)
-    return ok(EX2, "2 x (x, y and output blocks) + the float32 accumulator: "
-                   f"{footprint(512, 512, 512, 2) / 2**20:.0f} MiB for 512-blocks in bf16")
+def _blocks(bm: int, bk: int, bn: int) -> int:
+    return bm * bk + bk * bn + bm * bn
+
+
+#: Exercise 2's usual mistakes: (their footprint, what the message says, the hint). A
+#: mistake is named when it gives the learner's number on every case.
+_FOOTPRINT_MISTAKES: tuple[tuple[Callable[[int, int, int, int], float], str, str], ...] = (
+    (lambda bm, bk, bn, s: _answers.footprint(bm, bk, bn, s) / 2**20,
+     "your footprint is in MiB, not bytes", "return bytes; divide by 2**20 only to print"),
+    (lambda bm, bk, bn, s: _answers.footprint(bm, bk, bn, s) / 1e6,
+     "your footprint is in MB, not bytes", "return bytes; divide by 2**20 only to print"),
+    (lambda bm, bk, bn, s: 2 * _blocks(bm, bk, bn) + bm * bn,
+     "you counted elements, not bytes",
+     "multiply each block's elements by itemsize (the float32 accumulator's by 4)"),
+    (lambda bm, bk, bn, s: 8 * _answers.footprint(bm, bk, bn, s),
+     "you counted bits, not bytes", "itemsize is in bytes: 2 for bfloat16, 4 for float32"),
+    (lambda bm, bk, bn, s: _blocks(bm, bk, bn) * s + 4 * bm * bn,
+     "you counted each block once",
+     "Pallas double-buffers every block it copies in or out: it fetches the next block "
+     "while the MXU works on this one"),
+    (lambda bm, bk, bn, s: 2 * _blocks(bm, bk, bn) * s,
+     "you left out the accumulator", "the scratch accumulator lives in VMEM too (float32)"),
+    (lambda bm, bk, bn, s: 2 * _blocks(bm, bk, bn) * s + bm * bn * s,
+     "the accumulator is counted in the inputs' dtype",
+     "it is float32 (4 bytes) whatever the inputs' dtype"),
+    (lambda bm, bk, bn, s: 2 * _blocks(bm, bk, bn) * s + 8 * bm * bn,
+     "the accumulator is counted twice",
+     "it is scratch: single, since it is never copied in or out"),
+    (lambda bm, bk, bn, s: 2 * _blocks(bm, bk, bn) * s + 2 * bm * bn * s,
+     "the accumulator is counted twice, in the inputs' dtype",
+     "it is scratch (single, never copied in or out) and float32 (4 bytes)"),
+    (lambda bm, bk, bn, s: 2 * (bm * bk + bk * bn) * s + bm * bn * s + 4 * bm * bn,
+     "the output block is not double-buffered",
+     "the output block is copied out while the next one is computed: two buffers, like "
+     "x's and y's"),
+)
+
+
+def _hidden_footprint(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    cases = []
+    for size in (1, rng.choice([2, 4])):  # 1 byte: int8 and fp8 blocks
+        blocks = (int(rng.choice([8, 16, 128, 256, 1024])), int(rng.choice([128, 256, 2048])),
+                  int(rng.choice([128, 384, 512])))
+        cases.append((f"blocks {blocks} of {int(size)}-byte elements",
+                      {"cases": ((blocks, int(size)),)}))
+    return cases
+
+
+@LAB.exercise(EX2, minutes=10, kind="predict", hidden=_hidden_footprint)
+def check_footprint(vmem_footprint: Callable[[int, int, int, int], Any],
+                    cases: Any = FOOTPRINT_CASES) -> CheckResult:
+    """``vmem_footprint(bm, bk, bn, itemsize)``: the double-buffered x, y and output blocks
+    plus the single float32 accumulator, in bytes, exactly."""
+    refuse_course_code(EX2, vmem_footprint, _answers.footprint)
+    got = [as_number(EX2, vmem_footprint(bm, bk, bn, size),
+                     f"vmem_footprint({bm}, {bk}, {bn}, {size})")
+           for (bm, bk, bn), size in cases]
+    want = [_answers.footprint(bm, bk, bn, size) for (bm, bk, bn), size in cases]
+    wrong = [i for i in range(len(cases)) if got[i] != want[i]]
+    if not wrong:
+        return ok(EX2, "2 x (x, y and output blocks) + the float32 accumulator: "
+                       f"{_answers.footprint(512, 512, 512, 2) / 2**20:.0f} MiB for "
+                       "512-blocks in bf16")
+    (bm, bk, bn), size = cases[wrong[0]]
+    where = f"for ({bm}, {bk}, {bn}) with {size}-byte elements"
+    answer = "; ".join(f"{tuple(b)}, {s}-byte elements: {w:,} bytes"
+                       for (b, s), w in zip(cases, want))
+    for formula, message, hint in _FOOTPRINT_MISTAKES:
+        if all(math.isclose(g, formula(*b, s), rel_tol=1e-9) for g, (b, s) in zip(got, cases)):
+            refuse(EX2, f"{where} {message}", hint=hint, answer=answer)
+    refuse(EX2, f"{where} your footprint is {got[wrong[0]] / want[wrong[0]]:.3g}x the model's",
+           hint="three blocks (x: bm x bk, y: bk x bn, out: bm x bn), two buffers each, plus "
+                "a bm x bn float32 accumulator", answer=answer)
 
 
 # -- Exercise 3 ----------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def candidate_verdict(name: str, target: str = TARGET) -> kernels.Verdict:
-    """The compiler's verdict on :data:`CANDIDATES` ``[name]`` for :data:`PROBLEM` in bf16
-    (the reference kernel; cached)."""
-    import jax
-    import jax.numpy as jnp
-
-    bm, bk, bn = CANDIDATES[name]
-    m, k, n = PROBLEM
-    fn = functools.partial(matmul_ktiled_reference, bm=bm, bk=bk, bn=bn)
-    S = jax.ShapeDtypeStruct
-    return kernels.compile_verdict(fn, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
-                                   target=target)
 
 
 def _normal_verdict(value: Any) -> str | None:
@@ -260,33 +466,45 @@ def check_verdicts(verdicts: Any) -> CheckResult:
     """``verdicts``: candidate letter -> ``"fits"``, ``"misaligned"`` or ``"too big"``,
     graded against the TPU compiler compiling each candidate for :data:`TARGET`."""
     if not isinstance(verdicts, dict):
-        return fail(EX3, f"verdicts should be a dict, not a {type(verdicts).__name__}",
-                    hint='{"a": "fits", "b": "misaligned", ...}, one entry per candidate')
+        refuse(EX3, f"verdicts should be a dict, not a {type(verdicts).__name__}",
+               hint='{"a": "fits", "b": "misaligned", ...}, one entry per candidate')
     missing = sorted(set(CANDIDATES) - set(verdicts))
     if missing:
-        return fail(EX3, f"no verdict for candidate(s) {', '.join(missing)}",
-                    hint="give every candidate a verdict")
-    wrong, lines = [], []
+        refuse(EX3, f"no verdict for candidate(s) {', '.join(missing)}",
+               hint="give every candidate a verdict")
+    limit = kernels.scoped_vmem_limit(TARGET) / 2**20
+    wrong: dict[tuple[str, str], list[str]] = {}
+    lines = []
     for name, blocks in CANDIDATES.items():
         said = _normal_verdict(verdicts[name])
         if said is None:
-            return fail(EX3, f"verdicts[{name!r}] is {verdicts[name]!r:.40}",
-                        hint=f"use one of {', '.join(map(repr, _VERDICTS))}")
-        v = candidate_verdict(name)
-        model = footprint(*blocks, 2) / 2**20
+            refuse(EX3, f"verdicts[{name!r}] is {verdicts[name]!r:.40}",
+                   hint=f"use one of {', '.join(map(repr, _VERDICTS))}")
+        v = _answers.candidate_verdict(blocks, PROBLEM, TARGET)
+        model = _answers.footprint(*blocks, 2) / 2**20
         detail = (f"; the compiler asked for {v.needed_bytes / 2**20:.2f} MiB"
                   if v.needed_bytes else "")
         lines.append(f"{name} {blocks}: {v.status} (model {model:.2f} MiB{detail})")
         if said != v.status:
-            wrong.append(name)
-    limit = kernels.scoped_vmem_limit(TARGET) / 2**20
+            wrong.setdefault((said, v.status), []).append(name)
     answer = f"scoped VMEM limit {limit:.0f} MiB on {TARGET}; " + "; ".join(lines)
     if wrong:
-        hint = ("misaligned: the last two dims of each block (x: bm, bk; y: bk, bn; out: "
-                "bm, bn) must be multiples of 8 and 128; too big: your vmem_footprint "
-                f"against the {limit:.0f} MiB scoped limit, not the chip's whole VMEM")
-        return fail(EX3, f"{len(wrong)} of {len(CANDIDATES)} verdicts differ from the "
-                         f"compiler's: {', '.join(wrong)}", hint=hint, answer=answer)
+        hints = []
+        if any(true == kernels.MISALIGNED for _, true in wrong):
+            hints.append("a block is misaligned when one of its last two dims (x: bm, bk; "
+                         "y: bk, bn; out: bm, bn) is not a multiple of 8 (second to last) and "
+                         "128 (last), whatever its size")
+        if any(said == kernels.MISALIGNED for said, _ in wrong):
+            hints.append("a dim that is a multiple of 8 (second to last) or 128 (last) is "
+                         "aligned, however large")
+        if (kernels.FITS, kernels.TOO_BIG) in wrong:
+            hints.append("every block is double-buffered: count your vmem_footprint against "
+                         f"the {limit:.0f} MiB scoped limit, not the chip's whole VMEM")
+        if (kernels.TOO_BIG, kernels.FITS) in wrong:
+            hints.append(f"a footprint up to the {limit:.0f} MiB scoped limit fits")
+        names = sorted(n for group in wrong.values() for n in group)
+        refuse(EX3, f"{len(names)} of {len(CANDIDATES)} verdicts differ from the compiler's: "
+                    f"{', '.join(names)}", hint="; ".join(hints), answer=answer)
     return ok(EX3, f"all {len(CANDIDATES)} match the TPU compiler ({TARGET}, scoped limit "
                    f"{limit:.0f} MiB): " + "; ".join(lines))
 
@@ -306,60 +524,139 @@ def compile_scores(fn: Callable, target: str = TARGET) -> Any:
     return hlo.inspect(fn, S((lq, d), jnp.bfloat16), S((lk, d), jnp.bfloat16), target=target)
 
 
-@LAB.exercise(EX4, minutes=25, kind="transfer")
-def check_attention_scores(attention_scores: Callable[..., Any]) -> CheckResult:
-    """``attention_scores(q, k, bq, interpret)``: ``softmax(q @ k.T / sqrt(d))`` in the TPU
-    interpreter, then (where the TPU compiler is installed) one Mosaic custom call in the
-    compiled HLO where XLA's version needs several fusions."""
+def _scores_program(attention_scores: Callable[..., Any], q: Any, k: Any, bq: int,
+                    interpret: Any, case: str) -> None:
+    """Ends the check unless ``attention_scores`` traces to one pallas_call that holds the
+    matmul and the whole softmax, with nothing but data plumbing around it."""
+    program = _trace(EX4, lambda a, b: attention_scores(a, b, bq, interpret), q, k)
+    kernel = _one_kernel(EX4, program, "attention_scores")
+    work = sorted(set(program.outside) - _PLUMBING - {"pallas_call"})
+    if "dot_general" in work:
+        refuse(EX4, f"for {case} the q @ k.T matmul runs outside your kernel (a dot_general "
+                    "outside the pallas_call)",
+               hint="compute the block's scores inside the kernel: dot_general of the q block "
+                    "and k, contracting the last dims of both")
+    softmax = [w for w in work if w in _SOFTMAX]
+    if softmax:
+        refuse(EX4, f"for {case} the softmax runs outside your kernel ({', '.join(softmax)} "
+                    "outside the pallas_call)",
+               hint="the point of the kernel is that the scores never leave VMEM: take each "
+                    "row's max, exp, sum and divide inside it")
+    if "transpose" in work:
+        refuse(EX4, f"for {case} k is transposed outside your kernel",
+               hint="XLA would write a transposed copy of k to HBM first: inside the kernel, "
+                    "use dot_general contracting the last dims of both (or jnp.dot with "
+                    "k_ref[...].T)")
+    if work:
+        refuse(EX4, f"for {case} your function also computes {', '.join(work)} outside the "
+                    "pallas_call",
+               hint="do the matmul, the scaling and the whole softmax inside the one kernel, "
+                    "so that nothing is left for XLA")
+    ops = kernel.ops
+    if "dot_general" not in ops:
+        refuse(EX4, f"for {case} your kernel does no matmul: its body has no dot_general",
+               hint="each step computes its query block's scores against all of k on the MXU")
+    if not ops & {"exp", "exp2"}:
+        refuse(EX4, f"for {case} your kernel has no exp: the softmax is not inside it",
+               hint="softmax(s) = exp(s - max) / sum(exp(s - max)) over each row, in the kernel")
+    if "reduce_max" not in ops:
+        refuse(EX4, f"for {case} your kernel does not subtract each row's max before exp",
+               hint="exp overflows float32 once a score passes about 88; softmax(s) equals "
+                    "softmax(s - max(s)), which never overflows")
+    if "reduce_sum" not in ops:
+        refuse(EX4, f"for {case} your kernel does not sum each row's exponentials",
+               hint="divide each row's exp by its sum over the keys (axis=-1)")
+    lq = q.shape[0]
+    if math.prod(kernel.grid) != -(-lq // bq):
+        refuse(EX4, f"for {case} your grid {kernel.grid} does not step over the queries in "
+                    "blocks of bq",
+               hint="a 1-D grid with one step per block of bq queries: grid=(Lq // bq,)")
+
+
+def _scores_numbers(attention_scores: Callable[..., Any], q: Any, k: Any, bq: int,
+                    interpret: Any, case: str) -> None:
     import numpy as np
 
+    lq, lk = q.shape[0], k.shape[0]
+    got = attention_scores(q, k, bq, interpret)
+    if tuple(getattr(got, "shape", ())) != (lq, lk):
+        refuse(EX4, f"for {case} the result has shape {getattr(got, 'shape', None)}, not "
+                    f"({lq}, {lk})",
+               hint="one row of scores per query, one column per key")
+    got = np.asarray(got, np.float64)
+    want = np.asarray(_answers.scores_reference(q, k), np.float64)
+    if np.allclose(got, want, rtol=1e-4, atol=1e-5):
+        return
+    s = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T
+    unscaled = np.exp(s - s.max(-1, keepdims=True))
+    if np.allclose(got, unscaled / unscaled.sum(-1, keepdims=True), rtol=1e-4, atol=1e-5):
+        refuse(EX4, f"for {case} the scores are not scaled",
+               hint="divide q @ k.T by sqrt(d) before the softmax")
+    for root in (q.shape[1], 64, 128):
+        t = s / math.sqrt(root)
+        e = np.exp(t - t.max(-1, keepdims=True))
+        if root != q.shape[1] and np.allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-4,
+                                              atol=1e-5):
+            refuse(EX4, f"for {case} the scores are scaled by a fixed number, not this "
+                        "head's sqrt(d)",
+                   hint="take d from the shapes (q.shape[-1]) rather than typing it")
+    if np.allclose(got.sum(0), 1, atol=1e-3) and not np.allclose(got.sum(1), 1, atol=1e-3):
+        refuse(EX4, f"for {case} the softmax runs over the queries",
+               hint="normalise each row (over the keys: axis=-1)")
+    if not np.isfinite(got).all():
+        refuse(EX4, f"for {case} the result holds NaN or inf",
+               hint="subtract each row's max before exp, and check the index maps")
+    refuse(EX4, f"for {case} the numbers are wrong (largest error "
+                f"{np.abs(got - want).max():.3g})",
+           hint="query block i reads q's block (i, 0) and all of k (block (0, 0)), and "
+                "writes the output's block (i, 0)")
+
+
+def _hidden_scores(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    cases = []
+    for _ in range(2):
+        bq = int(rng.choice([8, 16, 32]))
+        lq, lk, d = bq * int(rng.integers(2, 4)), int(rng.choice([128, 256])), int(
+            rng.choice([32, 96, 128]))
+        cases.append((f"q [{lq},{d}], k [{lk},{d}] with query blocks of {bq}",
+                      {"cases": (((lq, lk, d), bq),), "compiled": False,
+                       "seed": int(rng.integers(2, 999))}))
+    return cases
+
+
+@LAB.exercise(EX4, minutes=25, kind="transfer", hidden=_hidden_scores)
+def check_attention_scores(attention_scores: Callable[..., Any], cases: Any = SCORES_CASES,
+                           compiled: bool = True, seed: int = 1) -> CheckResult:
+    """``attention_scores(q, k, bq, interpret)``: traced, one pallas_call holding the matmul
+    and the whole softmax; ``softmax(q @ k.T / sqrt(d))`` in the TPU interpreter; then
+    (``compiled`` and where the TPU compiler is installed) one Mosaic custom call in the
+    compiled HLO where XLA's version needs several fusions."""
     from tpu_course import hlo
 
+    refuse_course_code(EX4, attention_scores, _answers.attention_scores_reference,
+                       _answers.scores_reference)
     interpret = kernels.interpret_mode("cpu")
-    for (lq, lk, d), bq in SCORES_CASES:
-        q, k = _arrays((lq, d), (lk, d), seed=1)
-        got = attention_scores(q, k, bq, interpret)
+    arrays = []
+    for (lq, lk, d), bq in cases:
+        q, k = _arrays((lq, d), (lk, d), seed=seed)
         case = f"q [{lq},{d}], k [{lk},{d}], query block {bq}"
-        if tuple(getattr(got, "shape", ())) != (lq, lk):
-            return fail(EX4, f"for {case} the result has shape {getattr(got, 'shape', None)}, "
-                             f"not ({lq}, {lk})",
-                        hint="one row of scores per query, one column per key")
-        got = np.asarray(got, np.float64)
-        want = np.asarray(scores_reference(q, k), np.float64)
-        if np.allclose(got, want, rtol=1e-4, atol=1e-5):
-            continue
-        s = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T
-        unscaled = np.exp(s - s.max(-1, keepdims=True))
-        if np.allclose(got, unscaled / unscaled.sum(-1, keepdims=True), rtol=1e-4, atol=1e-5):
-            return fail(EX4, f"for {case} the scores are not scaled",
-                        hint="divide q @ k.T by sqrt(d) before the softmax")
-        if np.allclose(got.sum(0), 1, atol=1e-3) and not np.allclose(got.sum(1), 1, atol=1e-3):
-            return fail(EX4, f"for {case} the softmax runs over the queries",
-                        hint="normalise each row (over the keys: axis=-1)")
-        if not np.isfinite(got).all():
-            return fail(EX4, f"for {case} the result holds NaN or inf",
-                        hint="subtract each row's max before exp, and check the index maps")
-        return fail(EX4, f"for {case} the numbers are wrong (largest error "
-                         f"{np.abs(got - want).max():.3g})",
-                    hint="query block i reads q's block (i, 0) and all of k (block (0, 0)), "
-                         "and writes the output's block (i, 0)")
-    q, k = _arrays((256, 64), (384, 64), seed=1)
-    if not _uses_pallas(lambda a, b: attention_scores(a, b, 128, interpret), q, k):
-        return fail(EX4, "the numbers are right, but no pallas_call runs",
-                    hint="write it as one kernel with pl.pallas_call")
-    problem = hlo.tpu_compiler_problem()
+        _scores_program(attention_scores, q, k, bq, interpret, case)
+        arrays.append((q, k, bq, case))
+    for q, k, bq, case in arrays:
+        _scores_numbers(attention_scores, q, k, bq, interpret, case)
+    problem = hlo.tpu_compiler_problem() if compiled else "not asked for"
     if problem:
-        return ok(EX4, "right in the TPU interpreter; the compiled-HLO half is not graded "
-                       f"here: {problem}")
+        return ok(EX4, "one kernel holds the matmul and the softmax; right in the TPU "
+                       f"interpreter; the compiled-HLO half is not graded here: {problem}")
     (_, _, _), bq = SCORES_COMPILED
     mine = compile_scores(lambda a, b: attention_scores(a, b, bq, False))
-    xla = compile_scores(scores_reference)
+    xla = compile_scores(_answers.scores_reference)
     calls = mine.compute_ops.get("custom-call", 0)
     if calls != 1 or mine.fusions:
-        return fail(EX4, f"compiled for {TARGET}, your version has {calls} custom call(s) and "
-                         f"{len(mine.fusions)} fusion(s) around it",
-                    hint="do the matmul, the scaling and the whole softmax inside the kernel, "
-                         "so that nothing is left for XLA to fuse")
+        refuse(EX4, f"compiled for {TARGET}, your version has {calls} custom call(s) and "
+                    f"{len(mine.fusions)} fusion(s) around it",
+               hint="do the matmul, the scaling and the whole softmax inside the kernel, so "
+                    "that nothing is left for XLA to fuse")
     return ok(EX4, f"right in the TPU interpreter; compiled for {TARGET}: one Mosaic custom "
                    f"call, where XLA's version makes {len(xla.fusions)} fusions (the scores "
                    "go to HBM and come back for the softmax)")
@@ -368,41 +665,72 @@ def check_attention_scores(attention_scores: Callable[..., Any]) -> CheckResult:
 # -- Exercise 5 ----------------------------------------------------------------------
 
 
+def _fast_blocks(fast_blocks: Any) -> tuple[int, int, int]:
+    if isinstance(fast_blocks, str):
+        refuse(EX5, f"fast_blocks should be three ints (bm, bk, bn), not the string "
+                    f"{fast_blocks!r:.40}", hint="fast_blocks = (bm, bk, bn), without quotes")
+    try:
+        blocks = tuple(int(b) for b in fast_blocks)
+    except (TypeError, ValueError):
+        refuse(EX5, f"fast_blocks should be three ints (bm, bk, bn), not {fast_blocks!r:.40}",
+               hint="fast_blocks = (bm, bk, bn)")
+    if len(blocks) != 3 or min(blocks) < 1:
+        refuse(EX5, f"fast_blocks should be three positive ints (bm, bk, bn), not "
+                    f"{fast_blocks!r:.40}", hint="fast_blocks = (bm, bk, bn)")
+    m, k, n = FAST_PROBLEM
+    bm, bk, bn = blocks
+    if m % bm or k % bk or n % bn:
+        refuse(EX5, f"{blocks} does not divide {FAST_PROBLEM}",
+               hint="pick blocks that divide the problem")
+    return blocks  # type: ignore[return-value]
+
+
 @LAB.exercise(EX5, minutes=15, needs="accelerator", kind="predict",
               predicts=("fast_blocks",))
 def check_fast(matmul_ktiled: Callable[..., Any], fast_blocks: Any,
                fraction: float = FAST_FRACTION) -> CheckResult:
-    """On a TPU: ``matmul_ktiled`` with ``fast_blocks`` on :data:`FAST_PROBLEM` in bf16
-    reaches ``fraction`` of ``jnp.dot``'s throughput (both timed with the harness)."""
+    """``matmul_ktiled`` must be Exercise 1's kind of kernel (traced: one pallas_call doing
+    the matmul on the K-tiled grid, float32 accumulation); then, on a TPU, with
+    ``fast_blocks`` on :data:`FAST_PROBLEM` in bf16 it gives ``jnp.dot``'s numbers and
+    reaches ``fraction`` of its throughput (both timed with the harness)."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from tpu_course import bench, runtime
 
+    refuse_course_code(EX5, matmul_ktiled, _answers.matmul_ktiled_reference,
+                       _answers.ktiled_kernel)
+    blocks = _fast_blocks(fast_blocks)
+    m, k, n = FAST_PROBLEM
+    S = jax.ShapeDtypeStruct
+    _ktiled_program(EX5, matmul_ktiled, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
+                    blocks, False, f"bfloat16 {FAST_PROBLEM} with blocks {blocks}")
     platform = runtime.describe().platform
     if platform != "tpu":
         return skipped(EX5, f"your kernel is a TPU kernel; on this {platform} runtime it runs "
                             "only in the interpreter, whose time means nothing (Pallas's GPU "
                             "kernels are written differently: see the chapter)")
-    try:
-        bm, bk, bn = (int(b) for b in fast_blocks)
-    except (TypeError, ValueError):
-        return fail(EX5, f"fast_blocks should be three ints (bm, bk, bn), not {fast_blocks!r:.40}")
-    m, k, n = FAST_PROBLEM
-    if m % bm or k % bk or n % bn:
-        return fail(EX5, f"({bm}, {bk}, {bn}) does not divide {FAST_PROBLEM}",
-                    hint="pick blocks that divide the problem")
+    bm, bk, bn = blocks
     x = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
     y = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
-    mine = bench.benchmark(jax.jit(lambda a, b: matmul_ktiled(a, b, bm, bk, bn, False)), x, y,
-                           name="your kernel", warn=False)
+    fn = jax.jit(lambda a, b: matmul_ktiled(a, b, bm, bk, bn, False))
+    got = np.asarray(fn(x, y), np.float32)
+    want = np.asarray(jax.jit(jnp.dot)(x, y), np.float32)
+    err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+    if not np.isfinite(err) or err > 2e-2:
+        refuse(EX5, f"with blocks {blocks} on the TPU your kernel's result differs from "
+                    f"jnp.dot's (largest error {err:.2g} of the largest value)",
+               hint="run Exercise 1's check again; then check that the blocks divide the "
+                    "problem and the accumulator is zeroed at the first K step")
+    mine = bench.benchmark(fn, x, y, name="your kernel", warn=False)
     ref = bench.benchmark(jax.jit(jnp.dot), x, y, name="jnp.dot", warn=False)
     ratio = ref.median_s / mine.median_s
     text = (f"your kernel {mine.median_s * 1e3:.3f} ms, jnp.dot {ref.median_s * 1e3:.3f} ms "
             f"on {runtime.describe().device_kind}: {ratio:.0%} of jnp.dot's throughput")
     if ratio < fraction:
-        return fail(EX5, text + f" (the goal is {fraction:.0%})",
-                    hint="bigger blocks re-read less of x and y from HBM (your traffic model); "
-                         "keep them multiples of the MXU width and inside the scoped VMEM "
-                         "limit (raise it with vmem_limit_bytes)")
+        refuse(EX5, text + f" (the goal is {fraction:.0%})",
+               hint="bigger blocks re-read less of x and y from HBM (your traffic model); "
+                    "keep them multiples of the MXU width and inside the scoped VMEM limit "
+                    "(raise it with vmem_limit_bytes)")
     return ok(EX5, text)
