@@ -29,7 +29,13 @@
 #
 # Write your code where a cell says so, then run the check cell below it. A failed check
 # says what is wrong and gives a hint; `checks.reveal("Exercise 2")` shows the expected
-# answer if you are stuck. The last cell is your scorecard.
+# answer once an attempt of yours has been checked. The last cell is your scorecard.
+#
+# Exercise 2 is a prediction: you record it with `checks.ch03.LAB.predict(...)` before
+# the count is shown, and once the count has been shown in this session your prediction
+# is locked (the check grades the one you recorded). `tpu-course grade` re-runs the
+# notebook from the top, so it grades the value in the cell; it also checks your
+# functions on inputs the notebook does not show (other shapes, sizes, learning rates).
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -87,7 +93,7 @@ from tpu_course.checks import NotWritten
 
 checks.ch03.LAB
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 1: make it `jit` (10 min)
 #
 # A PyTorch training loop clips the gradient when its norm is too large:
@@ -102,7 +108,8 @@ checks.ch03.LAB
 # Translated word for word, this fails under `jax.jit`: the norm is a tracer while the
 # function is traced, and a Python `if` needs a `bool`. Rewrite `clipped_update` so that
 # `jax.jit(clipped_update)(w, g, max_norm)` works, returning
-# `w - LR * g * min(1, max_norm / ||g||)`, with `max_norm` a traced argument.
+# `w - LR * g * min(1, max_norm / ||g||)`, with `max_norm` a traced argument. `g` has the
+# shape of `w` (a vector or a matrix), and `||g||` is the norm over all its elements.
 
 # %%
 LR = checks.ch03.LR
@@ -116,7 +123,7 @@ def clipped_update(w, g, max_norm):
 # %%
 checks.ch03.check_jit_fix(clipped_update)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 2: predict the compilations (10 min)
 #
 # `f = jax.jit(lambda x, scale: x * scale)` is called seven times, in this order:
@@ -132,30 +139,38 @@ checks.ch03.check_jit_fix(clipped_update)
 # ```
 #
 # **Before running them**, predict how many times `f` compiles (the chapter: what is the
-# cache key of a jitted function?) and assign it to `predicted_compiles`.
+# cache key of a jitted function?), assign it to `predicted_compiles`, and record it with
+# the cell after it. The count is shown only once a prediction is recorded, and from then
+# on the prediction is locked.
 
 # %%
 # Exercise 2 (predict the compilations): write your code here
 predicted_compiles = NotWritten("Exercise 2 (predict the compilations)")
+
+# %%
+checks.ch03.LAB.predict("Exercise 2", predicted_compiles)
 
 # %% [markdown]
 # Now run them on a fresh `jax.jit` and count with JAX's own count (the function's
 # cache size):
 
 # %%
-compiles_per_call = checks.ch03.run_compile_quiz(show=True)
+if checks.ch03.LAB.predicted("Exercise 2"):
+    checks.ch03.run_compile_quiz(show=True)
 
 # %%
 checks.ch03.check_compile_prediction(predicted_compiles)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 3: find the recompilation (15 min)
 #
 # A training loop decays its learning rate by half every 100 steps. Someone wrote the
 # update below, and the step takes as long as a compile, every step. Find why (print
 # `update_slow._cache_size()` after a few calls), then write `update_fixed(w, g, lr,
-# step)`: the same update, jitted, compiling once for every step of a run. The checker
-# calls it at ten steps between 0 and 1000 and counts its compiled versions.
+# step)`: the same update, jitted, compiling once for every step of a run and every base
+# learning rate (a sweep over rates must not recompile either). The checker empties its
+# cache, calls it at ten steps between 0 and 1000 with several learning rates, and counts
+# its compiled versions.
 
 # %%
 import functools
@@ -180,7 +195,7 @@ def update_fixed(w, g, lr, step):
 # %%
 checks.ch03.check_recompile_fix(update_fixed)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 4: per-example gradient norms (15 min)
 #
 # Differentially private training (DP-SGD) clips each example's gradient before
@@ -189,7 +204,8 @@ checks.ch03.check_recompile_fix(update_fixed)
 # a two-layer MLP whose parameters are a dict (`checks.ch03.mlp_loss(params, x, y)`, the
 # loss of ONE example). Write `per_example_grad_norms(params, X, Y)`: for a batch `X` (n,
 # 3), `Y` (n, 2), return an array (n,) holding the global L2 norm of each example's
-# gradient (over all four parameter arrays together).
+# gradient (over all four parameter arrays together). Write it for any batch size and
+# layer sizes: the grader also tries others.
 
 # %%
 def per_example_grad_norms(params, X, Y):
@@ -203,7 +219,7 @@ checks.ch03.check_per_example_norms(per_example_grad_norms)
 # With the norms, per-example clipping is one more line: scale each example's gradient
 # by `min(1, C / norm)` before the mean.
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 5: port a PyTorch training step and prove parity (30 min)
 #
 # The PyTorch original (its outputs are stored in `tpu_course/reference/`; with torch
@@ -237,7 +253,9 @@ checks.ch03.check_per_example_norms(per_example_grad_norms)
 #   `(params, opt_state, loss)`.
 #
 # The checker compares 22 arrays (6 parameters, 3 layer outputs, the loss, 6 gradients,
-# 6 parameters after the step) and names the first that differs and how.
+# 6 parameters after the step) and names the first that differs and how (the grader
+# also runs your port on other weights and batch sizes). Convert the weights yourself:
+# `parity.linear_to_jax` and `parity.conv2d_to_jax` are the course's answer to 5a.
 
 # %% tags=["nbval-ignore-output"]
 ref = checks.ch03.reference()  # live PyTorch when installed, else the stored arrays
