@@ -24,6 +24,12 @@
 # answer. Exercise 7 compiles for a TPU v5e this machine does not have, and is skipped
 # where the TPU compiler is not installed. The last cell is your scorecard.
 #
+# Exercises 5 and 7 are predictions: you record yours with `ch04.LAB.predict(...)`, and
+# only then does the next cell show what XLA counts. Once that has been shown in this
+# session your prediction is locked, and the check grades the one you recorded;
+# `tpu-course grade` re-runs the notebook and grades the value in the cell (and checks
+# your functions on shapes, itemsizes and chips the notebook does not show).
+#
 # Notation as in chapter 4: $F$ FLOPs (multiply + add = 2), $B$ bytes moved to and from
 # HBM, $I = F/B$ arithmetic intensity, $P$ peak FLOP/s, $W$ HBM bytes/s, ridge $P/W$.
 # The chip numbers come from `tpu_course.hardware`; never type them in.
@@ -84,7 +90,7 @@ from tpu_course.checks import NotWritten, ch04
 
 ch04.LAB
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 1: the FLOPs of a matmul (5 min)
 #
 # Write `matmul_flops(m, k, n)`: the floating-point operations of `[m, k] @ [k, n]`. The
@@ -98,7 +104,7 @@ def matmul_flops(m, k, n):
 # %%
 ch04.check_matmul_flops(matmul_flops)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 2: the bytes it must move (5 min)
 #
 # Write `matmul_bytes(m, k, n, itemsize)`: the bytes read from and written to HBM if
@@ -113,7 +119,7 @@ def matmul_bytes(m, k, n, itemsize):
 # %%
 ch04.check_matmul_bytes(matmul_bytes)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 3: intensity, and which roof binds (10 min)
 #
 # Write `intensity(m, k, n, itemsize)` (FLOP per byte, from your two functions) and
@@ -133,7 +139,7 @@ def which_roof(ai, chip):
 # %%
 ch04.check_roofs(intensity, which_roof)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 4: the fastest it can possibly run (10 min)
 #
 # Write `fastest_time_s(flops, nbytes, chip)`: the roofline's lower bound on the time
@@ -147,23 +153,36 @@ def fastest_time_s(flops, nbytes, chip):
 # %%
 ch04.check_roofline_time(fastest_time_s)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 5: a layer by hand, against XLA (10 min)
 #
 # Predict the FLOPs of `relu(x @ w + b)` (`ch04.layer`) for `x: [B, D]`, `w: [D, H]`,
-# `b: [H]` in `layer_flops(B, D, H)`. The checker compiles the layer on this runtime and
-# compares with XLA's cost analysis within 5 %; if you count only the matmul, it says
-# what the gap is.
+# `b: [H]` in `layer_flops(B, D, H)`, by hand (not by asking XLA), and record it in the
+# cell after. Then the next cell compiles the layer for `ch04.LAYER_5` on this runtime and
+# shows XLA's count; the check compares your count with XLA's within 5 %, and if you
+# counted only the matmul, it says what the gap is.
 
 # %%
 def layer_flops(B, D, H):
     raise NotImplementedError("Exercise 5 (a layer by hand, against XLA): write your code here")
 
 
+# %% tags=["nbval-ignore-output"]
+with checks.skip_if_not_written():
+    layer_flops(*ch04.LAYER_5)  # still the stub? then nothing is recorded
+    ch04.LAB.predict("Exercise 5", layer_flops)
+
+# %% tags=["nbval-ignore-output"]
+if ch04.LAB.predicted("Exercise 5"):
+    with checks.skip_if_not_written():
+        B, D, H = ch04.LAYER_5
+        print(f"B, D, H = {B}, {D}, {H}: you predict {layer_flops(B, D, H):,} FLOPs; XLA "
+              f"counts {ch04.xla_layer_flops(ch04.LAYER_5):,.0f} on this runtime")
+
 # %%
 ch04.check_xla_flops(layer_flops)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 6: how big is an array on a TPU? (10 min)
 #
 # HBM stores a 2-D array in tiles of 8 rows x 128 columns (`T(8,128)` in the HLO): the
@@ -180,7 +199,7 @@ def tpu_bytes(rows, cols, itemsize):
 # %%
 ch04.check_padded_bytes(tpu_bytes)
 
-# %% [markdown]
+# %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 7: layer norm on a v5e, predicted, then compiled (20 min)
 #
 # Chapter 4 analysed matmuls. Layer norm (`ch04.layer_norm`, shown below) normalises each
@@ -193,8 +212,9 @@ ch04.check_padded_bytes(tpu_bytes)
 # * `predicted_ln_bytes`: the least any kernel must move to and from HBM (within 1.5x);
 # * `predicted_ln_roof`: `'memory'` or `'compute'` on a v5e.
 #
-# The check compiles it for a v5e (`target="v5e:2x2"`, compile-only), compares with the
-# TPU compiler's cost analysis and names the fusions XLA made.
+# Record your three predictions in the cell after; the cell after that compiles layer
+# norm for a v5e (`target="v5e:2x2"`, compile-only) and shows what the TPU compiler counts,
+# and the check compares and names the fusions XLA made.
 
 # %%
 import inspect
@@ -209,17 +229,21 @@ predicted_ln_flops = NotWritten("Exercise 7 (layer norm on a v5e)")
 predicted_ln_bytes = NotWritten("Exercise 7 (layer norm on a v5e)")
 predicted_ln_roof = NotWritten("Exercise 7 (layer norm on a v5e)")
 
+# %%
+ch04.LAB.predict("Exercise 7", predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
+
 # %% tags=["nbval-ignore-output"]
-with checks.skip_if_not_written():
+if ch04.LAB.predicted("Exercise 7"):
     print(f"you predict {predicted_ln_flops:,} FLOPs, {predicted_ln_bytes:,} bytes, "
           f"{predicted_ln_roof}-bound")
-if hlo.tpu_compiler_problem() is None:
-    ln = ch04.compile_layer_norm()
-    print(f"XLA for {ln.target}: {ln.flops:,.0f} FLOPs, {ln.bytes_accessed:,.0f} bytes accessed")
-    for fusion in ln.fusions:
-        print(" ", fusion.name, fusion.kind)
-else:
-    print("no TPU compiler here:", hlo.tpu_compiler_problem())
+    if hlo.tpu_compiler_problem() is None:
+        ln = ch04.compile_layer_norm()
+        print(f"XLA for {ln.target}: {ln.flops:,.0f} FLOPs, {ln.bytes_accessed:,.0f} bytes "
+              "accessed")
+        for fusion in ln.fusions:
+            print(" ", fusion.name, fusion.kind)
+    else:
+        print("no TPU compiler here:", hlo.tpu_compiler_problem())
 
 # %% tags=["nbval-ignore-output"]
 ch04.check_layer_norm(predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)

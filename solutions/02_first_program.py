@@ -23,6 +23,11 @@
 # `checks.reveal("Exercise 3")` shows the expected answer if you are stuck. The checks
 # measure on the runtime you are on (TPU, GPU or CPU); the last exercise needs an
 # accelerator and is skipped on a CPU. The last cell is your scorecard.
+#
+# Exercise 4 is a prediction: you record it with `ch02.LAB.predict(...)`, and only then
+# does the next cell show the measurement. Once the measurement has been shown in this
+# session your prediction is locked, and the check grades the one you recorded;
+# `tpu-course grade` re-runs the notebook and grades the value in the cell.
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -93,11 +98,15 @@ ch02.check_matmul_flops(matmul_flops)
 
 # %% [markdown] workshop={"agenda": "one-day"}
 # ## Exercise 2: time a call correctly (15 min)
-# Write `time_call(fn, *args)` returning the seconds one call of the jitted `fn` takes.
-# Remember the traps of the chapter: the first call compiles, a call returns before the
-# device has finished (and the result may be a tuple or a dict of arrays), and one
-# sample is not a measurement. The checker hands your function an instrumented `fn` that
-# records what your timer did.
+# Write `time_call(fn, *args)` returning the seconds one call of the jitted `fn` takes,
+# measured with `time.perf_counter()`. Remember the traps of the chapter: the first call
+# compiles (warm up with one call *before* you start the clock), a call returns before the
+# device has finished, and one sample is not a measurement. The result may be a tuple or
+# a dict of arrays, which has no `.block_until_ready()` method: the function
+# `jax.block_until_ready(result)` waits for every array in it. The checker hands your
+# function an instrumented `fn` and clock: it sees which calls each of your clock
+# readings surrounds, whether you waited, and what your timer measured, and it changes
+# how long a call takes (so return what you measured).
 
 # %%
 def time_call(fn, *args, repeats: int = 5) -> float:
@@ -118,7 +127,8 @@ ch02.check_time_call(time_call)
 # ## Exercise 3: host-to-device bandwidth (10 min)
 # Write `h2d_bandwidth(host_array)`: copy a NumPy array to the default device with
 # `jax.device_put` and return the bandwidth in **bytes per second**. Warm up with one
-# copy, then take the median of a few. The checker records the copies your code makes.
+# copy, then take the median of a few. Like a call, `jax.device_put` returns before the
+# copy has landed. The checker follows the copies your code makes and the clock it reads.
 
 # %%
 def h2d_bandwidth(host_array: np.ndarray, repeats: int = 5) -> float:
@@ -136,6 +146,7 @@ def h2d_bandwidth(host_array: np.ndarray, repeats: int = 5) -> float:
 ch02.check_h2d_bandwidth(h2d_bandwidth)
 
 # %% tags=["nbval-ignore-output"]
+bandwidth = NotWritten(ch02.EX3)  # until Exercise 3 is written
 with checks.skip_if_not_written():
     bandwidth = h2d_bandwidth(np.ones(ch02.BANDWIDTH_SHAPE, np.float32))
     print(f"host -> {runtime.describe().platform.upper()}: {bandwidth / 1e9:.2f} GB/s on a "
@@ -143,11 +154,11 @@ with checks.skip_if_not_written():
 
 # %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 4: predict a copy, then time it (10 min)
-# **Before timing it**, predict from the bandwidth you just measured how many seconds it
-# takes to copy a float32 array of shape `ch02.COPY_SHAPE` (8192 x 8192) to the device;
-# assign it to `predicted_copy_s`. The check then times five copies and passes within a
-# factor of 3 of them (a busy machine's copies vary that much; the usual mistakes are off
-# by 4, 8 or 1000).
+# **Before timing it**, predict from the bandwidth you just measured (`bandwidth`) how many
+# seconds it takes to copy a float32 array of shape `ch02.COPY_SHAPE` (8192 x 8192) to the
+# device; assign it to `predicted_copy_s`, and record it in the cell after. The check
+# grades your arithmetic from your own `bandwidth` (within 25 %, so a busy machine cannot
+# fail a right prediction); the cell after the record shows a real copy beside it.
 
 # %%
 ### BEGIN SOLUTION Exercise 4 (predict a copy)
@@ -156,11 +167,20 @@ predicted_copy_s = copy_bytes / bandwidth
 ### END SOLUTION
 
 # %% tags=["nbval-ignore-output"]
-with checks.skip_if_not_written():
-    print(f"you predict {predicted_copy_s * 1e3:.1f} ms")
+ch02.LAB.predict("Exercise 4", predicted_copy_s)
 
 # %% tags=["nbval-ignore-output"]
-ch02.check_copy_prediction(predicted_copy_s)
+if ch02.LAB.predicted("Exercise 4"):
+    from tpu_course import transfer
+
+    copy_host = np.ones(ch02.COPY_SHAPE, np.float32)
+    transfer.time_h2d(copy_host)  # warm-up
+    measured_copy_s = statistics.median(transfer.time_h2d(copy_host) for _ in range(3))
+    print(f"you predicted {predicted_copy_s * 1e3:.1f} ms; three copies measured now take "
+          f"{measured_copy_s * 1e3:.1f} ms (median)")
+
+# %% tags=["nbval-ignore-output"]
+ch02.check_copy_prediction(predicted_copy_s, bandwidth)
 
 # %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 5: how close to the peak? (5 min)

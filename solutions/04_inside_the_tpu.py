@@ -24,6 +24,12 @@
 # answer. Exercise 7 compiles for a TPU v5e this machine does not have, and is skipped
 # where the TPU compiler is not installed. The last cell is your scorecard.
 #
+# Exercises 5 and 7 are predictions: you record yours with `ch04.LAB.predict(...)`, and
+# only then does the next cell show what XLA counts. Once that has been shown in this
+# session your prediction is locked, and the check grades the one you recorded;
+# `tpu-course grade` re-runs the notebook and grades the value in the cell (and checks
+# your functions on shapes, itemsizes and chips the notebook does not show).
+#
 # Notation as in chapter 4: $F$ FLOPs (multiply + add = 2), $B$ bytes moved to and from
 # HBM, $I = F/B$ arithmetic intensity, $P$ peak FLOP/s, $W$ HBM bytes/s, ridge $P/W$.
 # The chip numbers come from `tpu_course.hardware`; never type them in.
@@ -162,9 +168,10 @@ ch04.check_roofline_time(fastest_time_s)
 # ## Exercise 5: a layer by hand, against XLA (10 min)
 #
 # Predict the FLOPs of `relu(x @ w + b)` (`ch04.layer`) for `x: [B, D]`, `w: [D, H]`,
-# `b: [H]` in `layer_flops(B, D, H)`. The checker compiles the layer on this runtime and
-# compares with XLA's cost analysis within 5 %; if you count only the matmul, it says
-# what the gap is.
+# `b: [H]` in `layer_flops(B, D, H)`, by hand (not by asking XLA), and record it in the
+# cell after. Then the next cell compiles the layer for `ch04.LAYER_5` on this runtime and
+# shows XLA's count; the check compares your count with XLA's within 5 %, and if you
+# counted only the matmul, it says what the gap is.
 
 # %%
 def layer_flops(B, D, H):
@@ -172,6 +179,18 @@ def layer_flops(B, D, H):
     return 2 * B * D * H + B * H + B * H  # matmul, bias add, relu
     ### END SOLUTION
 
+
+# %% tags=["nbval-ignore-output"]
+with checks.skip_if_not_written():
+    layer_flops(*ch04.LAYER_5)  # still the stub? then nothing is recorded
+    ch04.LAB.predict("Exercise 5", layer_flops)
+
+# %% tags=["nbval-ignore-output"]
+if ch04.LAB.predicted("Exercise 5"):
+    with checks.skip_if_not_written():
+        B, D, H = ch04.LAYER_5
+        print(f"B, D, H = {B}, {D}, {H}: you predict {layer_flops(B, D, H):,} FLOPs; XLA "
+              f"counts {ch04.xla_layer_flops(ch04.LAYER_5):,.0f} on this runtime")
 
 # %%
 ch04.check_xla_flops(layer_flops)
@@ -208,8 +227,9 @@ ch04.check_padded_bytes(tpu_bytes)
 # * `predicted_ln_bytes`: the least any kernel must move to and from HBM (within 1.5x);
 # * `predicted_ln_roof`: `'memory'` or `'compute'` on a v5e.
 #
-# The check compiles it for a v5e (`target="v5e:2x2"`, compile-only), compares with the
-# TPU compiler's cost analysis and names the fusions XLA made.
+# Record your three predictions in the cell after; the cell after that compiles layer
+# norm for a v5e (`target="v5e:2x2"`, compile-only) and shows what the TPU compiler counts,
+# and the check compares and names the fusions XLA made.
 
 # %%
 import inspect
@@ -226,17 +246,21 @@ predicted_ln_bytes = 2 * tokens * features * 2  # read x, write y, bf16
 predicted_ln_roof = "memory"  # about 1.75 FLOP/byte, far below the v5e's ridge
 ### END SOLUTION
 
+# %%
+ch04.LAB.predict("Exercise 7", predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
+
 # %% tags=["nbval-ignore-output"]
-with checks.skip_if_not_written():
+if ch04.LAB.predicted("Exercise 7"):
     print(f"you predict {predicted_ln_flops:,} FLOPs, {predicted_ln_bytes:,} bytes, "
           f"{predicted_ln_roof}-bound")
-if hlo.tpu_compiler_problem() is None:
-    ln = ch04.compile_layer_norm()
-    print(f"XLA for {ln.target}: {ln.flops:,.0f} FLOPs, {ln.bytes_accessed:,.0f} bytes accessed")
-    for fusion in ln.fusions:
-        print(" ", fusion.name, fusion.kind)
-else:
-    print("no TPU compiler here:", hlo.tpu_compiler_problem())
+    if hlo.tpu_compiler_problem() is None:
+        ln = ch04.compile_layer_norm()
+        print(f"XLA for {ln.target}: {ln.flops:,.0f} FLOPs, {ln.bytes_accessed:,.0f} bytes "
+              "accessed")
+        for fusion in ln.fusions:
+            print(" ", fusion.name, fusion.kind)
+    else:
+        print("no TPU compiler here:", hlo.tpu_compiler_problem())
 
 # %% tags=["nbval-ignore-output"]
 ch04.check_layer_norm(predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
