@@ -27,10 +27,17 @@
 #    (compile-only: needs `libtpu` matching your jax, skipped otherwise);
 # 4. **transfer** (25 min) a *bidirectional* ring all-reduce from `ppermute`;
 # 5. **transfer** (20 min) a hierarchical all-reduce across slices;
-# 6. (10 min) choose a parallelism plan from the cost model.
+# 6. **transfer** (10 min) choose a parallelism plan with the chapter's two rules, written
+#    yourself.
 #
 # Each exercise is followed by a check cell: pass, or a hint (the expected value only
 # through `checks.reveal("Exercise N")`). The last cell is the scorecard.
+#
+# **Predictions first.** Exercises 1 and 3 are predictions: a cell after each records
+# yours (`ch06.LAB.predict(...)`), and the compiled answer is shown only after that. Once
+# it has been shown in this session your prediction is locked: the check grades the one
+# you recorded, not a value edited afterwards. (`tpu-course grade` re-runs the notebook
+# and grades the value in the cell.)
 
 # %%
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -132,7 +139,7 @@ predicted_fsdp = {  # fp32: 4 bytes per element
 ### END SOLUTION
 
 # %%
-ch06.record_prediction(predicted_fsdp)
+ch06.LAB.predict("Exercise 1", predicted_fsdp)
 
 # %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 2: FSDP of the chapter-5 model, by annotations alone
@@ -148,6 +155,10 @@ ch06.record_prediction(predicted_fsdp)
 #   `in_shardings`/`out_shardings`, plus the one annotation FSDP needs (the chapter's FSDP
 #   cell): the parameters constrained to be whole where the step uses them. Without it
 #   XLA may move the batch around instead (the check says so).
+#
+# The check looks at every leaf's sharding and at the bytes each device takes in and
+# gives back, then trains two steps beside the single-device step. The grader also runs
+# it on another mesh size and model width: take the sizes from `mesh` and the state.
 
 # %%
 def shard_fsdp(step, state, mesh):
@@ -179,22 +190,26 @@ ch06.check_shard_fsdp(shard_fsdp)
 
 # %% [markdown]
 # The compiled step, on this backend: every collective XLA inserted, with its bytes per
-# device. Then exercise 1's prediction is graded against it.
+# device (shown once your exercise-1 prediction is recorded). Then exercise 1's prediction
+# is graded against it: against *your* step, so exercise 2 has to pass first.
 
 # %%
-with checks.skip_if_not_written():
-    jitted, s_state, s_batch = shard_fsdp(step, state, mesh)
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, s_state)
-    batch = train.Batch(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s_batch)
-                          for a in ch06.chapter5_problem()[2][0]))
-    fsdp_report = hlo.inspect(jitted, abstract, batch)
-    for c in fsdp_report.collectives:
-        print(f"[sim] {c}")
-    print("[sim] per kind:", fsdp_report.by_kind())
-    print(f"[sim] argument bytes per device: {fsdp_report.argument_bytes:,}")
+if ch06.LAB.predicted("Exercise 1"):
+    with checks.skip_if_not_written():
+        jitted, s_state, s_batch = shard_fsdp(step, state, mesh)
+        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                state, s_state)
+        batch = train.Batch(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s_batch)
+                              for a in ch06.chapter5_problem()[2][0]))
+        fsdp_report = hlo.inspect(jitted, abstract, batch)
+        for c in fsdp_report.collectives:
+            print(f"[sim] {c}")
+        print("[sim] per kind:", fsdp_report.by_kind())
+        print(f"[sim] argument bytes per device: {fsdp_report.argument_bytes:,}")
 
 # %%
-ch06.check_fsdp_prediction(predicted_fsdp, shard_fsdp)
+if ch06.LAB.predicted("Exercise 1"):
+    display(ch06.check_fsdp_prediction(predicted_fsdp, shard_fsdp))
 
 # %% [markdown] workshop={"agenda": "two-days"}
 # ## Exercise 3: the same step for a v5e-8 (compile-only)
@@ -211,7 +226,15 @@ predicted_v5e_kind = "reduce-scatter"
 ### END SOLUTION
 
 # %%
-ch06.check_v5e_kind(predicted_v5e_kind, shard_fsdp)
+ch06.LAB.predict("Exercise 3", predicted_v5e_kind)
+
+# %% [markdown]
+# The check compiles your step for the v5e-8 and shows what the TPU compiler chose: it
+# runs once your prediction is recorded (and locks it).
+
+# %%
+if ch06.LAB.predicted("Exercise 3"):
+    display(ch06.check_v5e_kind(predicted_v5e_kind, shard_fsdp))
 
 # %% [markdown] workshop={"agenda": "self-paced"}
 # **The lesson.** The same annotations give different programs on different backends.
@@ -229,7 +252,8 @@ ch06.check_v5e_kind(predicted_v5e_kind, shard_fsdp)
 # `bidirectional_all_reduce(x, axis, n)` for use inside `jax.shard_map` (as the chapter's
 # ring): only `jax.lax.ppermute` and `jax.lax.axis_index`; split the flat array into two
 # halves of `n` chunks each, run the rightward ring on one half and a leftward ring on the
-# other, and return the full sum with `x`'s shape.
+# other, and return the full sum with `x`'s shape. The grader also runs it on rings of
+# other sizes and other block shapes.
 
 # %%
 def bidirectional_all_reduce(x, axis: str, n: int):
@@ -260,9 +284,10 @@ ch06.check_bidirectional(bidirectional_all_reduce)
 # and `"slice"` the data-centre network, 100-200x slower per chip (chapter 6, section 7).
 # A flat `psum` over both axes would push every byte across slices. Write
 # `hierarchical_all_reduce(x)` (inside `jax.shard_map` on that mesh; `x` is one device's
-# block) that returns the same sum while only **a quarter** of each device's array
-# crosses slices. Collectives allowed: `psum`, `psum_scatter`, `all_gather` with an axis
-# name each.
+# block, whose first dimension the number of chips divides) that returns the same sum
+# while only **a quarter** of each device's array (1/|chip| on other meshes) crosses
+# slices. Collectives allowed: `psum`, `psum_scatter`, `all_gather` with an axis name
+# each. The grader also runs it on other meshes and block sizes.
 
 # %%
 def hierarchical_all_reduce(x):
@@ -277,23 +302,36 @@ def hierarchical_all_reduce(x):
 ch06.check_hierarchical(hierarchical_all_reduce)
 
 # %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 6: choose a strategy
+# ## Exercise 6 (transfer): choose a strategy
 #
 # For `params` parameters on `chip` (`'v5e'`, `'v5p'`, `'v6e'`) trained with Adam, with
 # `tokens_per_slice` tokens per step on each of `slices` slices, return
-# `(within_slice, across_slices)`: `'dp'` or `'fsdp'` inside a slice (does a full replica,
-# 10 bytes per parameter in the scaling book's count, fit in HBM?), and `'none'` (one
-# slice), `'dp'` or `'pipeline'` across slices (is the batch above
-# `comms.dcn_min_tokens_per_slice`?). Use `tpu_course.hardware` and `tpu_course.comms`.
+# `(within_slice, across_slices)`:
+#
+# * inside a slice, `'dp'` or `'fsdp'`: does a full replica, 10 bytes per parameter in
+#   the scaling book's count, fit in the chip's HBM?
+# * across slices, `'none'` (one slice), `'dp'` or `'pipeline'`: is DP across slices
+#   compute-bound? Use the **course's variant** of the DCN rule from the chapter (fp32
+#   gradients all-reduced by a ring over the $S$ slices, the backward pass's 4 FLOPs per
+#   parameter per token hiding it), not the book's $C/W_{dcn}$: the two agree at two
+#   slices and part beyond. DP when the tokens per slice reach the threshold.
+#
+# Write both rules yourself, with the chip's numbers from `tpu_course.hardware`
+# (`hardware.get(chip)`: `hbm_bytes`, `peak_bf16_flops_per_s`, `dcn_bytes_per_s`).
+# `comms.recommend` and `comms.dcn_min_tokens_per_slice` compute this answer, so the
+# check refuses an answer that uses them. The grader also tries other chips, sizes and
+# slice counts.
 
 # %%
 def choose(chip: str, params: float, tokens_per_slice: float, slices: int):
     ### BEGIN SOLUTION Exercise 6 (choose a strategy)
-    within = "fsdp" if 10 * params > hardware.get(chip).hbm_bytes else "dp"
+    c = hardware.get(chip)
+    within = "fsdp" if 10 * params > c.hbm_bytes else "dp"
     if slices == 1:
         return within, "none"
-    enough = tokens_per_slice >= comms.dcn_min_tokens_per_slice(chip, slices)
-    return within, ("dp" if enough else "pipeline")
+    ring_bytes = 2 * (slices - 1) / slices * 4  # fp32 gradients, per parameter per slice
+    threshold = ring_bytes / 4 * c.peak_bf16_flops_per_s / c.dcn_bytes_per_s
+    return within, ("dp" if tokens_per_slice >= threshold else "pipeline")
     ### END SOLUTION
 
 
@@ -301,10 +339,15 @@ def choose(chip: str, params: float, tokens_per_slice: float, slices: int):
 ch06.check_strategy(choose)
 
 # %% [markdown]
-# **Justify it.** The cost model's own reasoning for one case (compare with yours):
+# **Justify it.** Your plan beside the cost model's reasoning for two cases the check
+# does not use: the second has more tokens per slice than the book's $C/W_{dcn}$ asks
+# for, and still too few for DP across eight slices.
 
 # %%
-print(comms.recommend("v5p", 7e10, 2e4, slices=2))
+for case in [("v5p", 8e10, 3e4, 2), ("v5p", 4e9, 1e5, 8)]:
+    with checks.skip_if_not_written():
+        print(f"{case}: yours {choose(*case)}")
+        print(comms.recommend(*case))
 
 # %% [markdown]
 # ## Scorecard

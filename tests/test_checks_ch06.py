@@ -1,149 +1,396 @@
-"""Lab 6 checkers accept the solution and reject plausible wrong answers.
+"""Lab 6 checkers: honest solutions written differently from the course's pass (also on
+the grader's hidden inputs), and every typical mistake and shortcut fails with its own hint.
 
-The checkers compile on 8 simulated CPU devices, so each group runs in a subprocess with
-that device count (one subprocess for all: compiling is the slow part)."""
+The FSDP and collective checkers compile on simulated CPU devices, so they run in one
+subprocess with 8 devices (compiling is the slow part); exercise 6 runs here.
+"""
 
 from __future__ import annotations
 
-from tpu_course import comms, hlo
-from tpu_course.checks import NotWritten, ch06
+import inspect
 
-SOLUTIONS = '''
+import numpy as np
+import pytest
+
+from tpu_course import comms, hardware, hlo
+from tpu_course.checks import _core, ch06
+from tpu_course.checks._answers import ch06 as ref
+
+
+def choose(chip, params, tokens_per_slice, slices):
+    # the chapter's two rules written as times per parameter, not as thresholds
+    c = hardware.get(chip)
+    inside = "dp" if 10 * params <= c.hbm_bytes else "fsdp"
+    if slices < 2:
+        return inside, "none"
+    comms_s = 4 * 2 * (slices - 1) / slices / c.dcn_bytes_per_s  # fp32 ring, per parameter
+    math_s = 4 * tokens_per_slice / c.peak_bf16_flops_per_s  # backward pass, per parameter
+    return inside, ("dp" if math_s >= comms_s else "pipeline")
+
+
+honest_choose = choose
+CHOOSE = "from tpu_course import hardware\n" + inspect.getsource(choose)
+
+# Honest answers, each written differently from the course's (tpu_course/checks/_answers).
+HONEST = '''
+import functools
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-def fsdp_spec(shape, axis, n):
-    for d, size in enumerate(shape):
-        if size % n == 0:
-            return P(*([None] * d), axis)
-    return P()
-
 def shard_fsdp(step, state, mesh):
-    n = mesh.shape["data"]
-    s_state = jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), "data", n)), state)
-    s_batch = NamedSharding(mesh, P("data"))
-    rep = NamedSharding(mesh, P())
-    def fsdp_step(state, batch):
-        params = jax.lax.with_sharding_constraint(state.params, rep)
-        return step(state._replace(params=params), batch)
-    return jax.jit(fsdp_step, in_shardings=(s_state, s_batch), out_shardings=(s_state, rep)), s_state, s_batch
+    # the LAST dimension the axis divides, specs by path, the constraint through a closure
+    size = mesh.shape["data"]
+    def spec_of(path, leaf):
+        dims = [d for d, s in enumerate(np.shape(leaf)) if s % size == 0]
+        if not dims:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, P(*[("data" if d == dims[-1] else None)
+                                       for d in range(np.ndim(leaf))]))
+    shardings = jax.tree_util.tree_map_with_path(spec_of, state)
+    whole = NamedSharding(mesh, P())
+    gather = functools.partial(jax.lax.with_sharding_constraint, shardings=whole)
+    @functools.partial(jax.jit, in_shardings=(shardings, NamedSharding(mesh, P("data"))),
+                       out_shardings=(shardings, whole))
+    def run(st, batch):
+        return step(st._replace(params=gather(st.params)), batch)
+    return run, shardings, NamedSharding(mesh, P("data"))
+
+def _ring(chunks, axis, n, shift):
+    # one ring over n chunks in direction shift (+1 right, -1 left): reduce-scatter, all-gather
+    me = jax.lax.axis_index(axis)
+    pairs = [(i, (i + shift) % n) for i in range(n)]
+    for s in range(n - 1):
+        send = (me - shift * s) % n
+        chunks = chunks.at[(send - shift) % n].add(jax.lax.ppermute(chunks[send], axis, pairs))
+    for s in range(n - 1):
+        send = (me + shift * (1 - s)) % n
+        chunks = chunks.at[(send - shift) % n].set(jax.lax.ppermute(chunks[send], axis, pairs))
+    return chunks
 
 def bidirectional_all_reduce(x, axis, n):
-    flat = x.reshape(-1)
-    halves = jnp.pad(flat, (0, (-flat.size) % (2 * n))).reshape(2, n, -1)
-    me = jax.lax.axis_index(axis)
-    right = [(i, (i + 1) % n) for i in range(n)]
-    left = [(i, (i - 1) % n) for i in range(n)]
-    a, b = halves[0], halves[1]
-    for s in range(n - 1):
-        a = a.at[(me - 1 - s) % n].add(jax.lax.ppermute(a[(me - s) % n], axis, right))
-        b = b.at[(me + 1 + s) % n].add(jax.lax.ppermute(b[(me + s) % n], axis, left))
-    for s in range(n - 1):
-        a = a.at[(me - s) % n].set(jax.lax.ppermute(a[(me + 1 - s) % n], axis, right))
-        b = b.at[(me + s) % n].set(jax.lax.ppermute(b[(me - 1 + s) % n], axis, left))
-    return jnp.stack([a, b]).reshape(-1)[: flat.size].reshape(x.shape)
+    flat = x.ravel()
+    pad = (-flat.size) % (2 * n)
+    both = jnp.concatenate([flat, jnp.zeros(pad, flat.dtype)]).reshape(2, n, -1)
+    out = jnp.concatenate([_ring(both[0], axis, n, +1).ravel(),
+                           _ring(both[1], axis, n, -1).ravel()])
+    return out[: flat.size].reshape(x.shape)
 
 def hierarchical_all_reduce(x):
-    part = jax.lax.psum_scatter(x, "chip", scatter_dimension=0, tiled=True)
-    return jax.lax.all_gather(jax.lax.psum(part, "slice"), "chip", axis=0, tiled=True)
-'''
+    flat = x.reshape(-1)  # scatter the flat array, not its rows
+    mine = jax.lax.psum_scatter(flat, "chip", tiled=True)
+    mine = jax.lax.psum(mine, "slice")
+    return jax.lax.all_gather(mine, "chip", tiled=True).reshape(x.shape)
+''' + CHOOSE
 
-SCRIPT = SOLUTIONS + '''
+SCRIPT = HONEST + '''
 import json
-from tpu_course import parallel
+from tpu_course import checks, parallel
 from tpu_course.checks import ch06
+from tpu_course.checks._answers import ch06 as ref
+
+def variant(change):  # the honest FSDP, with one thing changed
+    def wrong(step, state, mesh):
+        j, s, b = shard_fsdp(step, state, mesh)
+        return change(step, state, mesh, j, s, b)
+    return wrong
+
+whole = lambda mesh: NamedSharding(mesh, P())
+
+def moments_whole(step, state, mesh, j, s, b, which=("mu", "nu")):
+    adam = s.opt_state[0]._replace(**{m: jax.tree.map(lambda _: whole(mesh), getattr(s.opt_state[0], m))
+                                     for m in which})
+    s = s._replace(opt_state=(adam, *s.opt_state[1:]))
+    def fsdp_step(st, batch):
+        return step(st._replace(params=jax.lax.with_sharding_constraint(st.params, whole(mesh))), batch)
+    return jax.jit(fsdp_step, in_shardings=(s, b), out_shardings=(s, whole(mesh))), s, b
+
+def params_only(step, state, mesh):  # shardings built over state.params only, moments whole
+    return variant(moments_whole)(step, state, mesh)
+
+def nu_whole(step, state, mesh):
+    return variant(lambda *a: moments_whole(*a, which=("nu",)))(step, state, mesh)
+
+def state_back_whole(step, state, mesh, j, s, b):
+    def fsdp_step(st, batch):
+        return step(st._replace(params=jax.lax.with_sharding_constraint(st.params, whole(mesh))), batch)
+    rep = jax.tree.map(lambda _: whole(mesh), s)
+    return jax.jit(fsdp_step, in_shardings=(s, b), out_shardings=(rep, whole(mesh))), s, b
 
 def no_gather(step, state, mesh):  # in_shardings alone: the compiler reshards activations
-    j, s, b = shard_fsdp(step, state, mesh)
-    return jax.jit(step, in_shardings=(s, b), out_shardings=(s, NamedSharding(mesh, P()))), s, b
+    j, s, b = eight_always(step, state, mesh)  # (first dimensions split)
+    return jax.jit(step, in_shardings=(s, b), out_shardings=(s, whole(mesh))), s, b
 
 def replicated(step, state, mesh):  # DP, not FSDP
-    s = jax.tree.map(lambda x: NamedSharding(mesh, P()), state)
+    s = jax.tree.map(lambda x: whole(mesh), state)
     b = NamedSharding(mesh, P("data"))
-    return jax.jit(step, in_shardings=(s, b), out_shardings=(s, NamedSharding(mesh, P()))), s, b
+    return jax.jit(step, in_shardings=(s, b), out_shardings=(s, whole(mesh))), s, b
+
+def eight_always(step, state, mesh):  # the notebook's 8 devices typed in
+    rep = NamedSharding(mesh, P())
+    def spec(x):
+        for d, size in enumerate(np.shape(x)):
+            if size % 8 == 0:
+                return P(*([None] * d), "data")
+        return P()
+    s = jax.tree.map(lambda x: NamedSharding(mesh, spec(x)), state)
+    b = NamedSharding(mesh, P("data"))
+    def fsdp_step(st, batch):
+        return step(st._replace(params=jax.lax.with_sharding_constraint(st.params, rep)), batch)
+    return jax.jit(fsdp_step, in_shardings=(s, b), out_shardings=(s, rep)), s, b
+
+def package_fsdp(step, state, mesh):
+    return parallel.make_sharded_train_step(step, "fsdp", state, mesh)
 
 def raises(*a):
     raise ValueError("boom")
 
+def one_way(x, axis, n):  # the chapter's ring, written by hand: every chunk goes right
+    flat = x.ravel()
+    chunks = jnp.pad(flat, (0, (-flat.size) % n)).reshape(n, -1)
+    return _ring(chunks, axis, n, +1).ravel()[: flat.size].reshape(x.shape)
+
+def ring_of_8(x, axis, n):
+    return bidirectional_all_reduce(x, axis, 8)
+
 ag, ar = 134656, 1077288
 r = {}
 def put(key, res):
-    r[key] = [res.status, res.message, res.hint]
+    r[key] = [res.status, res.message, res.hint, res.answer]
+
 put("fsdp", ch06.check_shard_fsdp(shard_fsdp))
+put("fsdp_params_only", ch06.check_shard_fsdp(params_only))
+put("fsdp_nu", ch06.check_shard_fsdp(nu_whole))
+put("fsdp_back_whole", ch06.check_shard_fsdp(variant(state_back_whole)))
 put("fsdp_no_gather", ch06.check_shard_fsdp(no_gather))
 put("fsdp_dp", ch06.check_shard_fsdp(replicated))
 put("fsdp_pair", ch06.check_shard_fsdp(lambda *a: (1, 2)))
 put("fsdp_raises", ch06.check_shard_fsdp(raises))
+put("fsdp_reference", ch06.check_shard_fsdp(ref.shard_fsdp))
+put("fsdp_package", ch06.check_shard_fsdp(package_fsdp))
+put("fsdp_eight_hidden", ch06.check_shard_fsdp(eight_always, width=196, devices=4))
+put("fsdp_eight", ch06.check_shard_fsdp(eight_always))
+
 put("pred", ch06.check_fsdp_prediction({"all-gather": ag, "all-reduce": ar}, shard_fsdp))
-put("pred_full_gather", ch06.check_fsdp_prediction({"all-gather": 8 * ag, "all-reduce": ar}, shard_fsdp))
-put("pred_rs", ch06.check_fsdp_prediction({"all-gather": ag, "reduce-scatter": ar}, shard_fsdp))
-put("pred_bits", ch06.check_fsdp_prediction({"all-gather": 8 * ag, "all-reduce": 8 * ar}, shard_fsdp))
-put("pred_str", ch06.check_fsdp_prediction({"all-gather": "134656", "all-reduce": ar}, shard_fsdp))
-put("pred_none", ch06.check_fsdp_prediction(None, shard_fsdp))
+put("pred_moments_whole", ch06.check_fsdp_prediction({"all-gather": ag, "all-reduce": ar}, params_only))
+ch06.LAB.predict("Exercise 1", {"all-gather": ag, "all-reduce": ar})
+ch06.LAB.predicted("Exercise 1")  # the measurement shows: locked
+put("pred_edited_after", ch06.check_fsdp_prediction({"all-gather": 1, "all-reduce": 1}, shard_fsdp))
+
 put("v5e", ch06.check_v5e_kind("reduce-scatter", shard_fsdp))
 put("v5e_ar", ch06.check_v5e_kind("all-reduce", shard_fsdp))
 put("v5e_garbage", ch06.check_v5e_kind(3, shard_fsdp))
+
 put("bidi", ch06.check_bidirectional(bidirectional_all_reduce))
-put("bidi_oneway", ch06.check_bidirectional(parallel.ring_all_reduce))
+put("bidi_oneway", ch06.check_bidirectional(one_way))
+put("bidi_package", ch06.check_bidirectional(parallel.ring_all_reduce))
+put("bidi_reference", ch06.check_bidirectional(lambda x, axis, n: ref.bidirectional_all_reduce(x, axis, n)))
 put("bidi_psum", ch06.check_bidirectional(lambda x, axis, n: jax.lax.psum(x, axis)))
 put("bidi_identity", ch06.check_bidirectional(lambda x, axis, n: x))
+put("bidi_ring_of_8_hidden", ch06.check_bidirectional(ring_of_8, n=4, block=(2, 9)))
+
 put("hier", ch06.check_hierarchical(hierarchical_all_reduce))
 put("hier_flat", ch06.check_hierarchical(lambda x: jax.lax.psum(x, ("slice", "chip"))))
+put("hier_two_psums", ch06.check_hierarchical(lambda x: jax.lax.psum(jax.lax.psum(x, "chip"), "slice")))
 put("hier_slice_only", ch06.check_hierarchical(lambda x: jax.lax.psum(x, "slice")))
+put("hier_reference", ch06.check_hierarchical(ref.hierarchical_all_reduce))
+
+names = {"predicted_fsdp": {"all-gather": ag, "all-reduce": ar}, "shard_fsdp": shard_fsdp,
+         "predicted_v5e_kind": "reduce-scatter",
+         "bidirectional_all_reduce": bidirectional_all_reduce,
+         "hierarchical_all_reduce": hierarchical_all_reduce, "choose": choose}
+seed = checks.grading_seed("someone", 6)
+r["graded"] = [[g.status, g.message] for g in ch06.LAB.grade(names, seed=seed)]
+wrong = dict(names, shard_fsdp=eight_always, bidirectional_all_reduce=ring_of_8)
+r["graded_wrong"] = [[g.status, g.message] for g in ch06.LAB.grade(wrong, seed=seed)]
 print(json.dumps(r))
 '''
 
 
-def test_lab6_checkers(subprocess_runner):
-    r = subprocess_runner(SCRIPT, devices=8, timeout_s=400)
+def test_lab6_compiling_checkers(subprocess_runner):
+    r = subprocess_runner(SCRIPT, devices=8, timeout_s=600)
+    # exercise 2: the honest FSDP passes; each mistake gets its own message
     assert r["fsdp"][0] == "passed", r["fsdp"]
+    assert "Adam's moments sharded" in r["fsdp"][1]
+    status, message, hint, _ = r["fsdp_params_only"]
+    assert status == "failed" and "Adam's moments are replicated" in message, message
+    assert "optimizer state" in hint and "state.params" in hint
+    assert r["fsdp_nu"][0] == "failed" and "second moment (nu)" in r["fsdp_nu"][1]
+    assert r["fsdp_back_whole"][0] == "failed" and "comes back whole" in r["fsdp_back_whole"][1]
+    assert "out_shardings" in r["fsdp_back_whole"][2] and r["fsdp_back_whole"][3]
     assert r["fsdp_no_gather"][0] == "failed" and "with_sharding_constraint" in r["fsdp_no_gather"][2]
-    assert r["fsdp_dp"][0] == "failed" and "replicated" in r["fsdp_dp"][1]
+    assert r["fsdp_dp"][0] == "failed" and "params" in r["fsdp_dp"][1]
+    assert "replicated" in r["fsdp_dp"][1] and "parameter" in r["fsdp_dp"][1]
     assert r["fsdp_pair"][0] == "failed" and "three" in r["fsdp_pair"][1]
     assert r["fsdp_raises"][0] == "failed" and "ValueError" in r["fsdp_raises"][1]
+    for key in ("fsdp_reference", "fsdp_package"):
+        assert r[key][0] == "failed" and "course's own function" in r[key][1], r[key]
+    assert r["fsdp_eight"][0] == "passed"  # the notebook's mesh cannot tell...
+    assert r["fsdp_eight_hidden"][0] == "failed"  # ...another mesh and width can
+    assert "replicated" in r["fsdp_eight_hidden"][1]
+    # exercise 1: graded on a right FSDP step only, never with a misleading hint
     assert r["pred"][0] == "passed", r["pred"]
-    assert r["pred_full_gather"][0] == "failed" and "shard" in r["pred_full_gather"][2]
-    assert r["pred_rs"][0] == "failed" and "CPU backend" in r["pred_rs"][1]
-    assert r["pred_bits"][0] == "failed" and "bits" in r["pred_bits"][2]
-    assert r["pred_str"][0] == "failed" and "string" in r["pred_str"][1]
-    assert r["pred_none"][0] == "failed" and "dict" in r["pred_none"][1]
+    status, message, hint, _ = r["pred_moments_whole"]
+    assert status == "failed" and "exercise 2 does not pass yet" in message, message
+    assert "Adam's moments are replicated" in message and "exercise 2's check pass" in hint
+    assert r["pred_edited_after"][0] == "passed"  # the locked prediction is graded
+    assert "recorded before the measurement" in r["pred_edited_after"][1]
     if hlo.tpu_compiler_available():
         assert r["v5e"][0] == "passed", r["v5e"]
         assert r["v5e_ar"][0] == "failed"
         assert r["v5e_garbage"][0] == "failed"
     else:
         assert r["v5e"][0] == "skipped" and "TPU compiler" in r["v5e"][1]
+    # exercise 4
     assert r["bidi"][0] == "passed", r["bidi"]
     assert r["bidi_oneway"][0] == "failed" and "same way" in r["bidi_oneway"][1]
+    for key in ("bidi_package", "bidi_reference"):
+        assert r[key][0] == "failed" and "course's own function" in r[key][1], r[key]
     assert r["bidi_psum"][0] == "failed" and "all-reduce" in r["bidi_psum"][1]
     assert r["bidi_identity"][0] == "failed" and "sum" in r["bidi_identity"][1]
+    assert r["bidi_ring_of_8_hidden"][0] == "failed"
+    # exercise 5
     assert r["hier"][0] == "passed", r["hier"]
     assert r["hier_flat"][0] == "failed" and "cross" in r["hier_flat"][1]
+    assert r["hier_two_psums"][0] == "failed" and "cross" in r["hier_two_psums"][1]
     assert r["hier_slice_only"][0] == "failed" and "sum over all 8" in r["hier_slice_only"][1]
+    assert r["hier_reference"][0] == "failed" and "course's own" in r["hier_reference"][1]
+    # the grader: the honest answers pass the hidden inputs too; typed-in sizes do not
+    graded = dict(zip([e.title for e in ch06.LAB.exercises], r["graded"]))
+    for title, (status, message) in graded.items():
+        if title == ch06.EX3 and not hlo.tpu_compiler_available():
+            assert status == "skipped"
+        else:
+            assert status == "passed", (title, message)
+    wrong = dict(zip([e.title for e in ch06.LAB.exercises], r["graded_wrong"]))
+    for title in (ch06.EX2, ch06.EX4):
+        status, message = wrong[title]
+        assert status == "failed" and "does not show (" in message, (title, message)
 
 
-def test_strategy_checker():
-    def right(chip, params, tokens, slices):
-        rec = comms.recommend(chip, params, tokens, slices)
-        return rec.within_slice, rec.across_slices
-    assert ch06.check_strategy(right)
-    r = ch06.check_strategy(lambda *a: ("dp", "dp"))
-    assert not r and r.answer and "cost model" not in r.message
+# -- exercise 6: no devices needed ----------------------------------------------------------
+
+
+def rule(bytes_per_param=10, scale=None):
+    """A wrong rule: another count of bytes per parameter, or another DCN threshold."""
+    def choose(chip, params, tokens, slices):
+        c = hardware.get(chip)
+        inside = "fsdp" if bytes_per_param * params > c.hbm_bytes else "dp"
+        if slices == 1:
+            return inside, "none"
+        factor = scale(slices) if scale else 2 * (slices - 1) / slices
+        threshold = factor * c.peak_bf16_flops_per_s / c.dcn_bytes_per_s
+        return inside, ("dp" if tokens >= threshold else "pipeline")
+    return choose
+
+
+def uses_recommend(chip, params, tokens, slices):
+    rec = comms.recommend(chip, params, tokens, slices)
+    return rec.within_slice, rec.across_slices
+
+
+def uses_threshold(chip, params, tokens, slices):
+    inside = "fsdp" if 10 * params > hardware.get(chip).hbm_bytes else "dp"
+    if slices == 1:
+        return inside, "none"
+    enough = tokens >= comms.dcn_min_tokens_per_slice(chip, slices)
+    return inside, "dp" if enough else "pipeline"
+
+
+STRATEGY_MISTAKES = [
+    ("book", rule(scale=lambda s: 1.0), "scaling book's rule"),
+    ("six_flops", rule(scale=lambda s: 2 * (s - 1) / s * 4 / 6), "all 6 FLOPs"),
+    ("64_bits", rule(scale=lambda s: 2.0), "many-slice limit"),
+    ("half", rule(scale=lambda s: (s - 1) / s), "not (S-1)/S"),
+    ("16_bytes", rule(bytes_per_param=16), "you count 16 bytes per parameter"),
+    ("4_bytes", rule(bytes_per_param=4), "fp32 parameters alone"),
+    ("swapped", lambda *a: tuple({"dp": "fsdp", "fsdp": "dp"}.get(x, x) if i == 0 else x
+                                 for i, x in enumerate(honest_choose(*a))), "swapped"),
+    ("one_slice", lambda c, p, t, s: (honest_choose(c, p, t, s)[0], "dp" if s == 1 else
+                                      honest_choose(c, p, t, s)[1]), "'none'"),
+]
+
+
+@pytest.mark.parametrize("name, choose, words", STRATEGY_MISTAKES, ids=[m[0] for m in STRATEGY_MISTAKES])
+def test_strategy_mistakes_are_named(name, choose, words):
+    r = ch06.check_strategy(choose)
+    assert r.status == "failed" and r.answer, r
+    assert words in r.hint, (name, r.hint)
+
+
+def test_strategy_honest_passes_also_hidden_and_course_code_is_refused():
+    assert ch06.check_strategy(honest_choose), ch06.check_strategy(honest_choose)
+    graded = ch06.LAB.exercises[5].grade_hidden({"choose": honest_choose},
+                                                _core.grading_seed("someone", 6))
+    assert graded.passed and "unseen" in graded.message, graded
+    for cheat in (uses_recommend, uses_threshold, ref.choose, lambda *a: ref.choose(*a)):
+        r = ch06.check_strategy(cheat)
+        assert r.status == "failed" and "course's own function" in r.message, r
+
+
+def test_strategy_cases_separate_the_two_rules_and_every_slip():
+    truth = [ref.choose(*c) for c in ch06.STRATEGY_CASES]
+    assert truth == [(r.within_slice, r.across_slices) for r in
+                     (comms.recommend(*c) for c in ch06.STRATEGY_CASES)]
+    for _, wrong, _ in STRATEGY_MISTAKES:
+        assert [wrong(*c) for c in ch06.STRATEGY_CASES] != truth
+    hidden = ch06._strategy_hidden(np.random.default_rng(0))[0][1]["cases"]
+    assert [ref.choose(*c) for c in hidden] == [(r.within_slice, r.across_slices) for r in
+                                                (comms.recommend(*c) for c in hidden)]
+
+
+def test_strategy_garbage():
     r = ch06.check_strategy(lambda *a: "dp")
     assert not r and "pair" in r.message
+    r = ch06.check_strategy(lambda c, p, t, s: honest_choose(c, p, t, s)[::-1])
+    assert not r and "in that order" in r.message
+    r = ch06.check_strategy(lambda *a: ("DP", "None"))
+    assert not r and "lower case" in r.hint
+    r = ch06.check_strategy(lambda *a: 1 / 0)
+    assert not r and "ZeroDivisionError" in r.message
 
 
-def test_prediction_form_and_record(capsys):
+class FakeReport:  # what the CPU compiled for the chapter-5 FSDP step (see the test above)
+    def by_kind(self):
+        return {"all-gather": (5, 134656), "all-reduce": (10, 1077304)}
+
+
+AG, AR = 134656, 1077288
+PREDICTION_MISTAKES = [
+    ("right", {"all-gather": AG, "all-reduce": AR}, "passed", "", ""),
+    ("full_gather", {"all-gather": 8 * AG, "all-reduce": AR}, "failed", "", "shard each device"),
+    ("gradient_shard", {"all-gather": AG, "all-reduce": AR / 8}, "failed", "", "whole gradient"),
+    ("reduce_scatter", {"all-gather": AG, "reduce-scatter": AR}, "failed", "CPU backend", ""),
+    ("bits", {"all-gather": 8 * AG, "all-reduce": 8 * AR}, "failed", "8x", "bits or bytes"),
+    ("fp64", {"all-gather": 2 * AG, "all-reduce": 2 * AR}, "failed", "", "not 8"),
+    ("missing_kind", {"all-gather": AG}, "failed", "you predicted", "sums the gradients"),
+    ("string", {"all-gather": "134656", "all-reduce": AR}, "failed", "string", ""),
+    ("none", None, "failed", "dict", ""),
+    ("kind_name", {"allgather": AG}, "failed", "not a collective kind", "HLO names"),
+]
+
+
+@pytest.mark.parametrize("name, predicted, status, words, hint", PREDICTION_MISTAKES,
+                         ids=[m[0] for m in PREDICTION_MISTAKES])
+def test_prediction_mistakes_are_named(monkeypatch, name, predicted, status, words, hint):
+    monkeypatch.setattr(ch06, "_needs_exercise2", lambda *a, **k: FakeReport())
+    r = ch06.check_fsdp_prediction(predicted, lambda *a: None)
+    assert r.status == status and words in r.message and hint in r.hint, (name, r)
+    assert r.passed or r.answer or words in ("string", "dict", "not a collective kind")
+
+
+def test_prediction_form():
     assert not ch06.check_fsdp_prediction({"all-gather": True}, lambda *a: None)
     assert not ch06.check_fsdp_prediction({"allgather": 1}, lambda *a: None)
-    ch06.record_prediction({"all-gather": 1000, "all-reduce": 2000})
-    assert "recorded" in capsys.readouterr().out
-    ch06.record_prediction(NotWritten("Exercise 1"))
-    assert "not written yet" in capsys.readouterr().out
+    assert "string" in ch06.check_fsdp_prediction({"all-gather": "1"}, lambda *a: None).message
+    assert not hasattr(ch06, "record_prediction")  # LAB.predict replaces it
 
 
 def test_lab_registry():
-    assert [e.kind for e in ch06.LAB.exercises].count("transfer") >= 1
-    assert [e.kind for e in ch06.LAB.exercises].count("predict") >= 1
+    kinds = [e.kind for e in ch06.LAB.exercises]
+    assert kinds.count("transfer") >= 1 and kinds.count("predict") == 2
     assert [e.needs for e in ch06.LAB.exercises].count("tpu-compiler") == 1
     assert ch06.LAB.minutes == sum(e.minutes for e in ch06.LAB.exercises)
+    for e in ch06.LAB.exercises:  # every written function is also checked on unseen inputs
+        assert (e.hidden is not None) == (e.kind != "predict"), e.title
+    assert not any(name.endswith("_reference") for name in vars(ch06))
+    assert not hasattr(ch06, "_cpu_mesh") and not hasattr(ch06, "fsdp_param_bytes")

@@ -2,18 +2,32 @@
 compiled for the simulated CPUs and for a v5e-8), a bidirectional ring all-reduce and a
 hierarchical all-reduce across slices (both transfer), and a strategy choice.
 
-Every checker compiles or runs the learner's code itself (on 8 simulated CPU devices, or
+Every checker compiles or runs the learner's code itself (on simulated CPU devices, or
 the compile-only v5e-8 for exercise 3), so the scorecard re-grades from the notebook's
-namespace alone. Predictions are variables of that namespace.
+namespace alone. The predictions (exercises 1 and 3) are graded against the learner's
+own compiled FSDP step, once exercise 2's check passes on it: a wrong FSDP step would
+otherwise grade a right prediction against the wrong program.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from tpu_course import comms
-from tpu_course.checks._core import CheckResult, Lab, as_number, fail, is_not_written, ok
+from tpu_course.checks._answers import ch06 as _ref
+from tpu_course.checks._core import (
+    CheckResult,
+    Lab,
+    Verdict,
+    as_number,
+    not_written,
+    ok,
+    refuse,
+    refuse_course_code,
+)
 
 LAB = Lab(6, "Scaling out: FSDP by annotations, collectives by hand, a plan")
 
@@ -30,32 +44,33 @@ EX5 = "Exercise 5 (a hierarchical all-reduce across slices)"
 EX6 = "Exercise 6 (choose a strategy)"
 
 BATCH = 64  # the batch the checkers compile the step for (8 rows per device)
+WIDTH = 256  # the chapter-5 MLP's hidden width
 
 
 # ------------------------------------------------------------------ shared instruments
 
 
-def _cpu_mesh(shape: tuple[int, ...] = (8,), names: tuple[str, ...] = ("data",)) -> Any:
+def _mesh(title: str, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """``parallel.cpu_mesh(shape, names)``, or a failure saying how to get the devices."""
     import jax
-    import numpy as np
-    from jax.sharding import AxisType, Mesh
 
-    cpus = jax.devices("cpu")
-    n = int(np.prod(shape))
-    if len(cpus) < n:
-        raise RuntimeError(f"this lab needs {n} CPU devices and JAX sees {len(cpus)}: run "
-                           "runtime.simulate_devices(8) in the first cell, before JAX starts "
-                           "(restart the kernel first)")
-    return Mesh(np.asarray(cpus[:n], dtype=object).reshape(shape), names,
-                axis_types=(AxisType.Auto,) * len(shape))
+    from tpu_course import parallel
+
+    have, need = len(jax.devices("cpu")), math.prod(shape)
+    if have < need:
+        refuse(title, f"this check needs {need} CPU devices and JAX sees {have}",
+               hint="run runtime.simulate_devices(8) in the first cell, before JAX starts "
+                    "(restart the kernel first)")
+    return parallel.cpu_mesh(shape, names)
 
 
-@functools.lru_cache(maxsize=1)
-def chapter5_problem() -> tuple[Any, Any, Any]:
+@functools.lru_cache(maxsize=4)
+def chapter5_problem(width: int = WIDTH) -> tuple[Any, Any, Any]:
     """``(step, state, batches)``: the chapter-5 MLP, its train step with Adam, two batches.
 
-    The model is ``models.MLP()`` (784 -> 256 -> 256 -> 10), the step
-    ``train.make_train_step``: exactly what chapter 5 trains. Random images keep it offline.
+    The model is ``models.MLP()`` (784 -> 256 -> 256 -> 10; ``width`` changes the hidden
+    width), the step ``train.make_train_step``: exactly what chapter 5 trains. Random
+    images keep it offline.
     """
     import numpy as np
     import optax
@@ -64,7 +79,7 @@ def chapter5_problem() -> tuple[Any, Any, Any]:
     from tpu_course import models, train
 
     tx = optax.adam(1e-3)
-    graphdef, state = train.init_state(models.MLP(rngs=nnx.Rngs(0)), tx)
+    graphdef, state = train.init_state(models.MLP((width, width), rngs=nnx.Rngs(0)), tx)
     step = train.make_train_step(graphdef, tx)
     rng = np.random.default_rng(0)
     batches = [train.Batch(rng.integers(0, 255, (BATCH, 28, 28), dtype=np.uint8),
@@ -73,93 +88,228 @@ def chapter5_problem() -> tuple[Any, Any, Any]:
     return step, state, batches
 
 
-def fsdp_param_bytes(state: Any, devices: int = 8) -> tuple[int, int]:
-    """``(gathered, reduced)``: bytes per device FSDP should all-gather (the shards of the
-    parameters that split over ``devices``) and reduce (every parameter's full gradient)."""
+@functools.lru_cache(maxsize=4)
+def _reference_losses(width: int = WIDTH) -> tuple[float, ...]:
+    """The single-device step's losses on :func:`chapter5_problem`'s two batches."""
+    import jax
+
+    step, state, batches = chapter5_problem(width)
+    ref, losses = jax.jit(step), []
+    for b in batches:
+        state, metrics = ref(state, b)
+        losses.append(float(metrics["loss"]))
+    return tuple(losses)
+
+
+def _splits(shape: Sequence[int], n: int) -> bool:
+    """Whether FSDP splits an array of ``shape`` over ``n`` devices (a dimension ``n`` divides)."""
+    return n > 1 and any(d % n == 0 and d >= n for d in shape)
+
+
+def _leaf_name(path: Any) -> str:
+    import jax
+
+    name = jax.tree_util.keystr(path)
+    return name.removesuffix(".value").lstrip(".")
+
+
+def _moment(path: Any) -> str | None:
+    """``"mu"`` or ``"nu"`` when ``path`` is one of Adam's moments, else None."""
+    names = [str(getattr(k, "name", "")) for k in path]
+    return next((m for m in ("mu", "nu") if m in names), None)
+
+
+def _fsdp_bytes(state: Any, batch: Any, n: int) -> tuple[int, int]:
+    """``(state, batch)`` bytes per device when every array that splits over ``n`` is split."""
     import jax
     import numpy as np
 
-    gathered = reduced = 0
-    for x in jax.tree.leaves(state.params):
+    def per_device(x: Any) -> int:
         size = int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
-        reduced += size
-        if any(d % devices == 0 for d in np.shape(x)):
-            gathered += size // devices
-    return gathered, reduced
+        return size // n if _splits(np.shape(x), n) else size
+
+    return (sum(per_device(x) for x in jax.tree.leaves(state)),
+            sum(per_device(x) for x in jax.tree.leaves(batch)))
 
 
-def _compile_fsdp(shard_fsdp: Callable, mesh: Any, target: str | None = None) -> tuple[Any, Any]:
-    """Run the learner's ``shard_fsdp`` on the chapter-5 step and compile what it returns.
+def _sharded(shard_fsdp: Callable, mesh: Any, width: int) -> tuple[Any, Any, Any, Any]:
+    """Call the learner's ``shard_fsdp`` on the chapter-5 step; check what it returns.
 
-    Returns ``(report, shardings)``, or raises ``_Answer`` carrying a failing result."""
+    Returns ``(jitted, state_sharding, batch_sharding, abstract_state)``; anything wrong
+    ends exercise 2's check (:class:`Verdict`)."""
     import jax
 
-    from tpu_course import hlo, train
-
-    step, state, _ = chapter5_problem()
+    step, state, _ = chapter5_problem(width)
     got = shard_fsdp(step, state, mesh)
     if not isinstance(got, tuple) or len(got) != 3:
-        raise _Answer(fail(EX2, "shard_fsdp should return three things, (jitted_step, "
-                               f"state_sharding, batch_sharding); it returned {type(got).__name__}",
-                           hint="return jitted, state_sharding, batch_sharding"))
+        refuse(EX2, "shard_fsdp should return three things, (jitted_step, state_sharding, "
+                    f"batch_sharding); it returned {type(got).__name__}",
+               hint="return jitted, state_sharding, batch_sharding")
     jitted, s_state, s_batch = got
     if not hasattr(jitted, "lower"):
-        raise _Answer(fail(EX2, "the first thing returned is not a jitted function",
-                           hint="wrap the step in jax.jit(step, in_shardings=..., out_shardings=...)"))
+        refuse(EX2, "the first thing returned is not a jitted function",
+               hint="wrap the step in jax.jit(step, in_shardings=..., out_shardings=...)")
     try:
         abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                 state, s_state)
     except (TypeError, ValueError) as err:
-        raise _Answer(fail(EX2, "state_sharding does not have the state's structure: "
-                               f"{str(err)[:160]}",
-                           hint="build it with jax.tree.map over the whole state (step, params, "
-                                "opt_state), one NamedSharding per leaf")) from None
+        refuse(EX2, f"state_sharding does not have the state's structure: {str(err)[:160]}",
+               hint="build it with jax.tree.map over the whole state (step, params, "
+                    "opt_state), one NamedSharding per leaf")
+    return jitted, s_state, s_batch, abstract
+
+
+def _check_leaves(state: Any, s_state: Any, mesh: Any) -> None:
+    """Every leaf of the state has a sharding on ``mesh``, and every array that splits
+    (parameters and Adam's moments alike) is split: otherwise a failure naming which."""
+    import jax
+    import numpy as np
+
+    n = mesh.shape["data"]
+    devices = {d.id for d in mesh.devices.flat}
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    shardings = jax.tree.leaves(s_state)
+    params, moments, others = [], {"mu": [], "nu": []}, []
+    for (path, x), s in zip(leaves, shardings):
+        name = _leaf_name(path)
+        if not hasattr(s, "is_fully_replicated") or not hasattr(s, "device_set"):
+            refuse(EX2, f"{name} has no NamedSharding in state_sharding (it has "
+                        f"{type(s).__name__})",
+                   hint="one NamedSharding(mesh, spec) per leaf of the state")
+        if {d.id for d in s.device_set} != devices:
+            refuse(EX2, f"the sharding of {name} is on other devices than the mesh passed to "
+                        "shard_fsdp",
+                   hint="build every NamedSharding on shard_fsdp's mesh argument, not on a "
+                        "mesh of your own")
+        if _splits(np.shape(x), n) and s.is_fully_replicated:
+            moment = _moment(path)
+            if name.startswith("params"):
+                params.append(f"{name} {np.shape(x)}")
+            elif moment:
+                moments[moment].append(name)
+            else:
+                others.append(f"{name} {np.shape(x)}")
+    if params:
+        refuse(EX2, f"{params[0]} is replicated ({len(params)} parameter(s) in all): FSDP "
+                    f"splits every parameter that can be split over the {n} devices",
+               hint="shard the first dimension that the mesh's 'data' axis divides: "
+                    "P(None, 'data') for a (10, 256)-like shape, P('data') for (256,)")
+    both = moments["mu"] and moments["nu"]
+    if both or moments["mu"] or moments["nu"]:
+        which = ("Adam's moments are replicated" if both else
+                 "Adam's first moment (mu) is replicated" if moments["mu"] else
+                 "Adam's second moment (nu) is replicated")
+        names = moments["mu"] + moments["nu"]
+        refuse(EX2, f"{which}: {names[0]} ({len(names)} moment array(s) in all) is whole on "
+                    "every device, so each device still holds the full optimizer state, "
+                    "twice the parameters' bytes",
+               hint="FSDP shards the optimizer state like the parameters: build "
+                    "state_sharding with jax.tree.map over the whole state (opt_state's mu "
+                    "and nu have the parameters' shapes), not only over state.params")
+    if others:
+        refuse(EX2, f"{others[0]} is replicated: FSDP splits every array of the state that "
+                    f"can be split over the {n} devices",
+               hint="one rule for every leaf of the state: split its first dimension that "
+                    "the 'data' axis divides")
+
+
+def _fsdp_verdict(shard_fsdp: Callable, width: int = WIDTH, devices: int = 8, *,
+                  train_steps: bool = True) -> Any:
+    """Exercise 2's check of ``shard_fsdp``: ends with a failure (:class:`Verdict`) or
+    returns the compiled step's ``hlo.inspect`` report on ``devices`` CPU devices.
+    ``train_steps=False`` leaves out the two training steps (the predictions need only
+    the compiled program)."""
+    import jax
+    import numpy as np
+
+    from tpu_course import hlo, parallel, train
+
+    refuse_course_code(EX2, shard_fsdp, _ref.shard_fsdp, parallel.make_sharded_train_step,
+                       parallel.state_shardings, parallel.strategy_placement,
+                       parallel.param_specs)
+    mesh = _mesh(EX2, (devices,), ("data",))
+    _, state, batches = chapter5_problem(width)
+    jitted, s_state, s_batch, abstract = _sharded(shard_fsdp, mesh, width)
+    _check_leaves(state, s_state, mesh)
+    if getattr(s_batch, "is_fully_replicated", True):
+        refuse(EX2, "the batch is replicated: FSDP splits the batch like data parallelism",
+               hint="batch_sharding = NamedSharding(mesh, P('data'))")
     batch = train.Batch(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s_batch)
-                          for a in chapter5_problem()[2][0]))
-    return hlo.inspect(jitted, abstract, batch, target=target), (s_state, s_batch)
+                          for a in batches[0]))
+    report = hlo.inspect(jitted, abstract, batch)
+
+    want_state, want_batch = _fsdp_bytes(state, batches[0], devices)
+    arg, out = report.argument_bytes, report.output_bytes
+    if arg is not None and arg > 1.02 * (want_state + want_batch) + 256:
+        refuse(EX2, f"the compiled step takes {arg:,} argument bytes per device, "
+                    f"{arg / (want_state + want_batch):.2f}x what a device holds when every "
+                    "array of the state that splits is split",
+               hint="jit's in_shardings must be the state_sharding you return, for every "
+                    "leaf (the parameters and Adam's moments), and the batch's sharding",
+               answer=f"{want_state + want_batch:,} argument bytes per device")
+    if out is not None and out > 1.02 * want_state + 1024:
+        refuse(EX2, f"the compiled step returns {out:,} bytes per device: the new state comes "
+                    "back whole (or partly whole) on every device",
+               hint="out_shardings=(state_sharding, replicated): the new state keeps the "
+                    "input's FSDP shardings, only the metrics are replicated",
+               answer=f"about {want_state:,} bytes of state per device")
+
+    kinds = {c.kind for c in report.collectives}
+    if kinds & {"all-to-all", "collective-permute"}:
+        refuse(EX2, "the compiled step reshards activations (all-to-all or "
+                    "collective-permute): the compiler chose to move the batch rather "
+                    "than gather the weights",
+               hint="inside the step, constrain the parameters to be whole "
+                    "(jax.lax.with_sharding_constraint with a replicated sharding) before "
+                    "the chapter-5 step uses them, as the chapter's FSDP cell does")
+    if "all-gather" not in kinds:
+        refuse(EX2, "no all-gather in the compiled step: the weights are never gathered",
+               hint="FSDP keeps only a shard of each weight and gathers it before use")
+    if not train_steps:
+        return report
+    s_got = jax.device_put(state, s_state)
+    for b, want in zip(batches, _reference_losses(width)):
+        s_got, m_got = jitted(s_got, jax.device_put(b, s_batch))
+        got = float(m_got["loss"])
+        if not np.isclose(got, want, rtol=2e-5):
+            refuse(EX2, f"the sharded step's loss {got:.6f} differs from the single-device "
+                        f"step's {want:.6f}",
+                   hint="the sharded step must compute the same thing: pass the chapter-5 "
+                        "step's state and batch through unchanged")
+    return report
 
 
-class _Answer(Exception):
-    def __init__(self, result: CheckResult) -> None:
-        super().__init__(result.message)
-        self.result = result
+def _needs_exercise2(title: str, shard_fsdp: Callable, **kwargs: Any) -> Any:
+    """:func:`_fsdp_verdict`, with exercise 2's failure retold for ``title``."""
+    try:
+        return _fsdp_verdict(shard_fsdp, train_steps=False, **kwargs)
+    except Verdict as stop:
+        if stop.result.status != "failed":
+            raise Verdict(not_written(title, "exercise 2's shard_fsdp is not written yet"))
+        refuse(title, f"exercise 2 does not pass yet ({stop.result.message})",
+               hint="this prediction is graded against your own compiled FSDP step, so it "
+                    "waits for a right one: make exercise 2's check pass first")
 
 
-def _prediction(title: str, predicted: Any) -> dict[str, float] | CheckResult:
-    """``predicted`` as ``{kind: bytes}``, or a failing result saying what is wrong with it."""
+def _prediction(title: str, predicted: Any) -> dict[str, float]:
+    """``predicted`` as ``{kind: bytes}``; anything else ends the check saying what is wrong."""
     if not isinstance(predicted, Mapping) or not predicted:
-        return fail(title, f"the prediction should be a dict {{kind: bytes per device}}, not "
-                           f"{type(predicted).__name__}",
-                    hint='for example {"all-gather": 1000, "all-reduce": 2000}')
+        refuse(title, f"the prediction should be a dict {{kind: bytes per device}}, not "
+                      f"{type(predicted).__name__}",
+               hint='for example {"all-gather": 1000, "all-reduce": 2000}')
     out = {}
     for kind, value in predicted.items():
         if kind not in comms.KINDS:
-            return fail(title, f"{kind!r} is not a collective kind XLA emits",
-                        hint=f"use the HLO names: {', '.join(comms.KINDS)}")
-        number = as_number(title, value, f"the bytes of {kind!r}")
-        if isinstance(number, CheckResult):
-            return number
-        out[kind] = number
+            refuse(title, f"{kind!r} is not a collective kind XLA emits",
+                   hint=f"use the HLO names: {', '.join(comms.KINDS)}")
+        out[kind] = as_number(title, value, f"the bytes of {kind!r}")
     return out
-
-
-def record_prediction(predicted: Any) -> None:
-    """Check a prediction's form and echo it (it stays a variable of the notebook: the
-    graders read it from there). Not graded here: exercise 1's check grades it."""
-    if is_not_written(predicted):
-        print(f"{EX1}: not written yet")
-        return
-    parsed = _prediction(EX1, predicted)
-    if isinstance(parsed, CheckResult):
-        print(parsed)
-        return
-    text = "recorded: " + ", ".join(f"{k} {v:,.0f} B per device" for k, v in parsed.items())
-    print(text + ". Now write shard_fsdp; the compiled HLO grades this.")
 
 
 def _grade_bytes(title: str, predicted: dict[str, float], compiled: dict[str, tuple[int, int]],
                  backend: str, devices: int) -> CheckResult:
     kinds = {k for k, (_, b) in compiled.items() if b > 0}
+    answer = str({k: compiled[k][1] for k in sorted(kinds)})
     if set(predicted) != kinds:
         msg = f"on {backend} the compiled step has {sorted(kinds)}; you predicted {sorted(predicted)}."
         hint = "which collective gathers a shard before use, which one sums the gradients?"
@@ -169,11 +319,10 @@ def _grade_bytes(title: str, predicted: dict[str, float], compiled: dict[str, tu
             hint = "predict for the backend you compile for: the chapter's FSDP cell shows it"
         elif "all-reduce" in predicted and "reduce-scatter" in kinds:
             msg += " This compiler fuses the all-reduce and the slice into a reduce-scatter."
-        return fail(title, msg, hint=hint, answer=str({k: compiled[k][1] for k in sorted(kinds)}))
+        refuse(title, msg, hint=hint, answer=answer)
     if all(abs(predicted[k] / compiled[k][1] - 8) < 0.8 for k in kinds):
-        return fail(title, f"every count is about 8x what {backend} compiled",
-                    hint="bits or bytes? XLA counts bytes (fp32: 4 bytes per element)",
-                    answer=str({k: compiled[k][1] for k in sorted(kinds)}))
+        refuse(title, f"every count is about 8x what {backend} compiled",
+               hint="bits or bytes? XLA counts bytes (fp32: 4 bytes per element)", answer=answer)
     for kind in sorted(kinds):
         want, got = compiled[kind][1], predicted[kind]
         if abs(got - want) <= BYTES_TOLERANCE * want:
@@ -188,9 +337,9 @@ def _grade_bytes(title: str, predicted: dict[str, float], compiled: dict[str, tu
                  0.5: "fp32 parameters are 4 bytes each, not 2"}
         hint = next((h for r, h in hints.items() if abs(ratio - r) < 0.1 * r),
                     "add up the parameters' bytes leaf by leaf (weights and biases)")
-        return fail(title, f"{kind}: your {got:,.0f} B per device is {ratio:.3g}x what {backend} "
-                           f"compiled (tolerance {BYTES_TOLERANCE:.0%})",
-                    hint=hint, answer=f"{kind}: {want:,} B per device")
+        refuse(title, f"{kind}: your {got:,.0f} B per device is {ratio:.3g}x what {backend} "
+                      f"compiled (tolerance {BYTES_TOLERANCE:.0%})",
+               hint=hint, answer=f"{kind}: {want:,} B per device")
     return ok(title, f"on {backend}: " + ", ".join(
         f"{k} {compiled[k][1]:,} B (you said {predicted[k]:,.0f})" for k in sorted(kinds))
         + f", within {BYTES_TOLERANCE:.0%}")
@@ -202,80 +351,30 @@ def _grade_bytes(title: str, predicted: dict[str, float], compiled: dict[str, tu
 @LAB.exercise(EX1, minutes=10, kind="predict", predicts=("predicted_fsdp",))
 def check_fsdp_prediction(predicted_fsdp: Any, shard_fsdp: Callable) -> CheckResult:
     """Exercise 1: the predicted ``{kind: bytes per device}`` of the FSDP step on 8 simulated
-    CPU devices, against the HLO of the learner's own ``shard_fsdp`` (exercise 2)."""
-    from tpu_course import parallel
-
+    CPU devices, against the HLO of the learner's own ``shard_fsdp`` (once exercise 2's
+    check passes on it)."""
     parsed = _prediction(EX1, predicted_fsdp)
-    if isinstance(parsed, CheckResult):
-        return parsed
-    try:
-        report, _ = _compile_fsdp(shard_fsdp, _cpu_mesh())
-    except _Answer as a:
-        return fail(EX1, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}",
-                    hint="make exercise 2 pass first")
-    return _grade_bytes(EX1, parsed, report.by_kind(), "8 simulated CPU "
-                        "devices", 8)
+    report = _needs_exercise2(EX1, shard_fsdp)
+    return _grade_bytes(EX1, parsed, report.by_kind(), "8 simulated CPU devices", 8)
 
 
-@LAB.exercise(EX2, minutes=20, kind="write")
-def check_shard_fsdp(shard_fsdp: Callable) -> CheckResult:
+def _fsdp_cases(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    devices = int(rng.choice([2, 4]))
+    width = int(rng.choice([100, 196, 324]))  # 4 divides them, 8 does not
+    return [(f"a {devices}-device mesh and an MLP {width} wide",
+             {"devices": devices, "width": width})]
+
+
+@LAB.exercise(EX2, minutes=20, kind="write", hidden=_fsdp_cases)
+def check_shard_fsdp(shard_fsdp: Callable, width: int = WIDTH, devices: int = 8) -> CheckResult:
     """Exercise 2: ``shard_fsdp(step, state, mesh) -> (jitted, state_sharding, batch_sharding)``
-    shards every parameter that splits, gathers weights (no resharded activations), and
+    shards every array of the state that splits (parameters and Adam's moments), takes and
+    returns a device's share of them only, gathers weights (no resharded activations), and
     trains exactly like the single-device step."""
-    import jax
-    import numpy as np
-
-    from tpu_course import parallel
-
-    mesh = _cpu_mesh()
-    step, state, batches = chapter5_problem()
-    try:
-        report, (s_state, s_batch) = _compile_fsdp(shard_fsdp, mesh)
-    except _Answer as a:
-        return a.result
-    flat_s = dict(jax.tree_util.tree_flatten_with_path(s_state.params)[0])
-    for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]:
-        sharding = flat_s.get(path)
-        name = jax.tree_util.keystr(path)
-        splits = any(d % 8 == 0 for d in np.shape(x))
-        if sharding is None or not hasattr(sharding, "is_fully_replicated"):
-            return fail(EX2, f"the parameter {name} has no NamedSharding in state_sharding",
-                        hint="one NamedSharding(mesh, spec) per leaf of the state")
-        if splits and sharding.is_fully_replicated:
-            return fail(EX2, f"{name} {np.shape(x)} is replicated: FSDP splits every parameter "
-                            "that can be split over the 8 devices",
-                        hint="shard the first dimension that 8 divides: P(None, 'data') for "
-                             "a (10, 256)-like shape, P('data') for (256,)")
-    if getattr(s_batch, "is_fully_replicated", True):
-        return fail(EX2, "the batch is replicated: FSDP splits the batch like data parallelism",
-                    hint="batch_sharding = NamedSharding(mesh, P('data'))")
-    kinds = {c.kind for c in report.collectives}
-    if kinds & {"all-to-all", "collective-permute"}:
-        return fail(EX2, "the compiled step reshards activations (all-to-all or "
-                        "collective-permute): the compiler chose to move the batch rather "
-                        "than gather the weights",
-                    hint="inside the step, constrain the parameters to be whole "
-                         "(jax.lax.with_sharding_constraint with a replicated sharding) before "
-                         "the chapter-5 step uses them, as the chapter's FSDP cell does")
-    if "all-gather" not in kinds:
-        return fail(EX2, "no all-gather in the compiled step: the weights are never gathered",
-                    hint="FSDP keeps only a shard of each weight and gathers it before use")
-    jitted = shard_fsdp(step, state, mesh)[0]
-    ref = jax.jit(step)
-    s_ref, s_got = state, jax.device_put(state, s_state)
-    for b in batches:
-        s_ref, m_ref = ref(s_ref, b)
-        s_got, m_got = jitted(s_got, jax.device_put(b, s_batch))
-        want, got = float(m_ref["loss"]), float(m_got["loss"])
-        if not np.isclose(got, want, rtol=2e-5):
-            return fail(EX2, f"the sharded step's loss {got:.6f} differs from the single-device "
-                            f"step's {want:.6f}",
-                        hint="the sharded step must compute the same thing: pass the chapter-5 "
-                             "step's state and batch through unchanged")
-    arg = report.argument_bytes
-    return ok(EX2, f"parameters and Adam moments sharded, weights all-gathered, losses equal "
-                  f"to the single-device step's; {arg:,} argument bytes per device"
-              if arg else "parameters sharded, weights all-gathered, losses equal")
+    report = _fsdp_verdict(shard_fsdp, width=width, devices=devices)
+    return ok(EX2, f"parameters and Adam's moments sharded on {devices} devices, weights "
+                   f"all-gathered, losses equal to the single-device step's; "
+                   f"{report.argument_bytes:,} argument bytes per device")
 
 
 @LAB.exercise(EX3, minutes=10, needs="tpu-compiler", kind="predict",
@@ -286,17 +385,18 @@ def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult
     import jax
     from jax.sharding import AxisType
 
-    from tpu_course import hlo
+    from tpu_course import hlo, train
 
     if not isinstance(predicted_v5e_kind, str) or predicted_v5e_kind not in comms.KINDS:
-        return fail(EX3, f"predicted_v5e_kind should be one of the HLO kinds, not "
-                        f"{predicted_v5e_kind!r}", hint=f"one of: {', '.join(comms.KINDS)}")
+        refuse(EX3, f"predicted_v5e_kind should be one of the HLO kinds, not "
+                    f"{predicted_v5e_kind!r}", hint=f"one of: {', '.join(comms.KINDS)}")
+    _needs_exercise2(EX3, shard_fsdp)
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,),
                          devices=hlo.tpu_topology("v5e:2x4").devices)
-    try:
-        report, _ = _compile_fsdp(shard_fsdp, mesh, target="v5e:2x4")
-    except _Answer as a:
-        return fail(EX3, f"exercise 2's shard_fsdp does not compile yet: {a.result.message}")
+    jitted, _, s_batch, abstract = _sharded(shard_fsdp, mesh, WIDTH)
+    batch = train.Batch(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s_batch)
+                          for a in chapter5_problem()[2][0]))
+    report = hlo.inspect(jitted, abstract, batch, target="v5e:2x4")
     big = max(report.collectives, key=lambda c: c.bytes)
     kind = big.kind
     compiled = report.by_kind()
@@ -304,13 +404,13 @@ def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult
         hint = ("the CPU backend all-reduces and slices; look at what the chapter's v5e cell "
                 "printed for FSDP" if predicted_v5e_kind == "all-reduce" else
                 "which collective sums gradients and leaves each device its shard?")
-        return fail(EX3, f"on the v5e-8 the largest gradient ({big.dtype}{list(big.shape)}) "
-                        f"goes through another kind than {predicted_v5e_kind!r}",
-                    hint=hint, answer=kind)
+        refuse(EX3, f"on the v5e-8 the largest gradient ({big.dtype}{list(big.shape)}) "
+                    f"goes through another kind than {predicted_v5e_kind!r}",
+               hint=hint, answer=kind)
     return ok(EX3, f"on the v5e-8 the gradients go through a {kind} (an all-reduce sliced to each "
-                  f"shard in one fusion); its operand is the whole gradient, as on the CPU, but "
-                  f"each chip receives only its shard: half the ring traffic of an all-reduce. "
-                  f"All kinds: {dict(sorted(compiled.items()))}")
+                   f"shard in one fusion); its operand is the whole gradient, as on the CPU, but "
+                   f"each chip receives only its shard: half the ring traffic of an all-reduce. "
+                   f"All kinds: {dict(sorted(compiled.items()))}")
 
 
 def _run_shard_map(fn: Callable, mesh: Any, in_spec: Any, x: Any) -> tuple[Any, Any]:
@@ -320,78 +420,101 @@ def _run_shard_map(fn: Callable, mesh: Any, in_spec: Any, x: Any) -> tuple[Any, 
     return mapped, mapped(x)
 
 
-@LAB.exercise(EX4, minutes=25, kind="transfer")
-def check_bidirectional(bidirectional_all_reduce: Callable) -> CheckResult:
-    """Exercise 4: ``bidirectional_all_reduce(x, axis, n)`` inside ``shard_map`` equals
-    ``psum``, uses only ``ppermute``, sends both ways round the ring, and no single
-    transfer is larger than half a chunk."""
+def _ring_cases(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    cases = []
+    for n in rng.choice([4, 5, 6], size=2, replace=False):
+        block = (int(rng.integers(1, 4)), int(rng.integers(5, 40)))
+        cases.append((f"a ring of {n} devices, blocks of {block[0]}x{block[1]}",
+                      {"n": int(n), "block": block}))
+    return cases
+
+
+@LAB.exercise(EX4, minutes=25, kind="transfer", hidden=_ring_cases)
+def check_bidirectional(bidirectional_all_reduce: Callable, n: int = 8,
+                        block: tuple[int, int] = (1, 35)) -> CheckResult:
+    """Exercise 4: ``bidirectional_all_reduce(x, axis, n)`` inside ``shard_map`` (on a ring of
+    ``n`` devices, each holding a ``block``) equals ``psum``, uses only ``ppermute``, sends
+    both ways round the ring, and no single transfer is larger than half a chunk."""
     import jax
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    from tpu_course import hlo
+    from tpu_course import hlo, parallel
 
-    mesh = _cpu_mesh()
-    n = 8
-    x = np.random.default_rng(0).standard_normal((n, 4 * n + 3)).astype(np.float32)
+    refuse_course_code(EX4, bidirectional_all_reduce, _ref.bidirectional_all_reduce,
+                       parallel.ring_all_reduce)
+    mesh = _mesh(EX4, (n,), ("data",))
+    x = np.random.default_rng(0).standard_normal((n * block[0], block[1])).astype(np.float32)
     fn, got = _run_shard_map(lambda a: bidirectional_all_reduce(a, "data", n), mesh, P("data"), x)
     _, want = _run_shard_map(lambda a: jax.lax.psum(a, "data"), mesh, P("data"), x)
     got, want = np.asarray(got), np.asarray(want)
     cs = hlo.inspect(fn, x).collectives
     kinds = {c.kind for c in cs}
     if kinds - {"collective-permute"}:
-        return fail(EX4, f"the compiled function contains {sorted(kinds - {'collective-permute'})}: "
-                        "build the sum from jax.lax.ppermute steps only",
-                    hint="no psum, pmean, all_gather or psum_scatter inside")
+        refuse(EX4, f"the compiled function contains {sorted(kinds - {'collective-permute'})}: "
+                    "build the sum from jax.lax.ppermute steps only",
+               hint="no psum, pmean, all_gather or psum_scatter inside")
     if got.shape != want.shape:
-        return fail(EX4, f"the result has shape {got.shape}, not the input's {want.shape}",
-                    hint="pad to a multiple of 2n chunks, then cut the padding off and reshape")
+        refuse(EX4, f"the result has shape {got.shape}, not the input's {want.shape}",
+               hint="pad to a multiple of 2n chunks, then cut the padding off and reshape")
     if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
-        rows = int(np.isclose(got, want, rtol=1e-5, atol=1e-5).all(axis=1).sum())
-        return fail(EX4, f"the result is not the sum over devices ({rows} of {n} devices got it)",
-                    hint="run each half as its own ring; in the leftward ring the chunk index "
-                         "moves the other way: (me + s) where the rightward ring has (me - s)")
-    directions = set()
-    for c in cs:
-        for a, b in c.source_target_pairs:
-            directions.add((b - a) % n)
+        rows = np.isclose(got, want, rtol=1e-5, atol=1e-5).reshape(n, -1).all(axis=1).sum()
+        refuse(EX4, f"the result is not the sum over devices ({int(rows)} of {n} devices got it)",
+               hint="run each half as its own ring; in the leftward ring the chunk index "
+                    "moves the other way: (me + s) where the rightward ring has (me - s)")
+    directions = {(b - a) % n for c in cs for a, b in c.source_target_pairs}
     if directions != {1, n - 1}:
-        return fail(EX4, "every transfer goes the same way round the ring",
-                    hint="send half of the data right, i -> i+1, and the other half left, "
-                         "i -> i-1: both directions of each link then carry traffic")
+        refuse(EX4, "every transfer goes the same way round the ring",
+               hint="send half of the data right, i -> i+1, and the other half left, "
+                    "i -> i-1: both directions of each link then carry traffic")
     largest = max(c.bytes for c in cs)
-    chunk = x[0].size * 4 / n
+    chunk = x[: block[0]].size * 4 / n
     if largest > chunk / 2 + 64:
-        return fail(EX4, f"one transfer moves {largest} B, more than half a chunk "
-                        f"({chunk / 2:.0f} B): the array was not split into 2n pieces",
-                    hint="cut the flat array into 2 halves of n chunks each")
+        refuse(EX4, f"one transfer moves {largest} B, more than half a chunk "
+                    f"({chunk / 2:.0f} B): the array was not split into 2n pieces",
+               hint="cut the flat array into 2 halves of n chunks each")
     return ok(EX4, f"equals psum; {len(cs)} ppermutes, both directions, each at most half a "
-                  "chunk: the same bytes per device as the one-way ring in half the time, "
-                  "which is the book's W_ici (bidirectional) in the ring formula")
+                   "chunk: the same bytes per device as the one-way ring in half the time, "
+                   "which is the book's W_ici (bidirectional) in the ring formula")
 
 
-@LAB.exercise(EX5, minutes=20, kind="transfer")
-def check_hierarchical(hierarchical_all_reduce: Callable) -> CheckResult:
-    """Exercise 5: on a ``("slice", "chip")`` 2x4 mesh, ``hierarchical_all_reduce(x)`` equals
-    ``psum`` over both axes while what crosses slices is a quarter of each device's array."""
+def _slice_cases(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    cases = []
+    for i in rng.choice(3, size=2, replace=False):
+        slices, chips = [(4, 2), (2, 3), (2, 2)][int(i)]
+        block = (chips * int(rng.integers(1, 5)), int(rng.integers(3, 20)))
+        cases.append((f"{slices} slices of {chips} chips, blocks of {block[0]}x{block[1]}",
+                      {"mesh_shape": (slices, chips), "block": block}))
+    return cases
+
+
+@LAB.exercise(EX5, minutes=20, kind="transfer", hidden=_slice_cases)
+def check_hierarchical(hierarchical_all_reduce: Callable, mesh_shape: tuple[int, int] = (2, 4),
+                       block: tuple[int, int] = (16, 12)) -> CheckResult:
+    """Exercise 5: on a ``("slice", "chip")`` mesh (2x4 in the notebook),
+    ``hierarchical_all_reduce(x)`` equals ``psum`` over both axes while what crosses slices
+    is ``1/|chip|`` of each device's array (a quarter on 2x4)."""
     import jax
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
     from tpu_course import hlo
 
-    mesh = _cpu_mesh((2, 4), ("slice", "chip"))
+    refuse_course_code(EX5, hierarchical_all_reduce, _ref.hierarchical_all_reduce)
+    slices, chips = mesh_shape
+    mesh = _mesh(EX5, (slices, chips), ("slice", "chip"))
     spec = P(("slice", "chip"))
-    x = np.random.default_rng(1).standard_normal((8 * 16, 12)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal(
+        (slices * chips * block[0], block[1])).astype(np.float32)
     fn, got = _run_shard_map(hierarchical_all_reduce, mesh, spec, x)
     _, want = _run_shard_map(lambda a: jax.lax.psum(a, ("slice", "chip")), mesh, spec, x)
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-5):
-        return fail(EX5, "the result is not the sum over all 8 devices",
-                    hint="reduce-scatter over 'chip', all-reduce the piece over 'slice', "
-                         "all-gather over 'chip'")
+        refuse(EX5, f"the result is not the sum over all {slices * chips} devices",
+               hint="reduce-scatter over 'chip', all-reduce the piece over 'slice', "
+                    "all-gather over 'chip'")
     slice_of = {d.id: i for i, row in enumerate(mesh.devices) for d in row}
-    local = x.nbytes // 8
+    local = x.nbytes // (slices * chips)
     crossing = 0
     for c in hlo.inspect(fn, x).collectives:
         groups = c.replica_groups or ()
@@ -401,32 +524,137 @@ def check_hierarchical(hierarchical_all_reduce: Callable) -> CheckResult:
             spans = any(len({slice_of.get(d) for d in g}) > 1 for g in groups)
         if spans:
             crossing += c.bytes
-    if crossing > local / 4 + 64:
-        return fail(EX5, f"{crossing:,} B per device cross the slow network, "
-                        f"{crossing / local:.2f} of the array",
-                    hint="sum inside each slice first (over 'chip', on ICI), so that only a "
-                         "quarter of the array has to cross slices")
-    return ok(EX5, f"equals psum over 8 devices; {crossing:,} of {local:,} B per device "
-                  "cross slices (a quarter): the DCN carries 1/|chip| of the gradients")
+    if crossing > local / chips + 64:
+        refuse(EX5, f"{crossing:,} B per device cross the slow network, "
+                    f"{crossing / local:.2f} of the array",
+               hint="sum inside each slice first (over 'chip', on ICI), so that only "
+                    "1/|chip| of the array has to cross slices")
+    return ok(EX5, f"equals psum over {slices * chips} devices; {crossing:,} of {local:,} B per "
+                   f"device cross slices (1/{chips}): the DCN carries 1/|chip| of the gradients")
 
 
-@LAB.exercise(EX6, minutes=10, kind="transfer")
-def check_strategy(choose: Callable[[str, float, float, int], tuple[str, str]]) -> CheckResult:
-    """Exercise 6: ``choose(chip, params, tokens_per_slice, slices) -> (within, across)``."""
-    cases = [("v5e", 1e8, 2e5, 1), ("v5e", 7e9, 1e6, 4), ("v5p", 7e10, 2e4, 2),
-             ("v6e", 5e8, 5e5, 8), ("v5p", 2e9, 6e4, 16)]
-    for chip, params, tokens, slices in cases:
-        want = comms.recommend(chip, params, tokens, slices)
-        got = choose(chip, params, tokens, slices)
-        if not isinstance(got, tuple) or len(got) != 2:
-            return fail(EX6, f"return a pair (within_slice, across_slices), got {got!r:.80}",
-                        hint='for example ("fsdp", "pipeline")')
-        if tuple(got) != (want.within_slice, want.across_slices):
-            return fail(EX6, f"for {params:.3g} parameters on {chip} with {tokens:,.0f} tokens per "
-                            f"slice and {slices} slice(s) you chose {got}",
-                        hint="memory decides DP vs FSDP (10 bytes per parameter against HBM); "
-                             "tokens per slice against comms.dcn_min_tokens_per_slice decides "
-                             "DP vs pipeline across slices",
-                        answer=str(want))
-    return ok(EX6, "each plan matches the cost model (memory decides DP vs FSDP; tokens per "
-                  "slice against the DCN threshold decides DP vs pipeline across slices).")
+# -- exercise 6: the two rules the chapter teaches, and the mistakes made with them
+
+
+#: The notebook's cases, ``(chip, params, tokens_per_slice, slices)``: together they
+#: separate the course's DCN rule from the book's (more than two slices), and both from
+#: the usual slips (6 FLOPs overlapping, the 64-bit limit at two slices, another count of
+#: bytes per parameter against HBM).
+STRATEGY_CASES = (("v5e", 1.2e9, 2e5, 1), ("v5e", 7e9, 1e6, 4), ("v5p", 7e10, 2e4, 2),
+                  ("v5p", 3e9, 9e4, 4), ("v5p", 5e9, 1.2e5, 2), ("v5e", 2.5e9, 5.5e4, 2),
+                  ("v5p", 1e9, 4.2e4, 2), ("v5p", 1.1e10, 1.5e5, 4), ("v6e", 2.9e9, 1.3e5, 16),
+                  ("v6e", 5e8, 5e5, 8))
+WITHIN, ACROSS = ("dp", "fsdp"), ("none", "dp", "pipeline")
+
+
+def _across_rule(scale: Callable[[int], float]) -> Callable[..., str]:
+    """A DCN rule whose threshold is ``scale(slices) x C / W_dcn``."""
+    def rule(chip: str, params: float, tokens: float, slices: int) -> str:
+        if slices == 1:
+            return "none"
+        return "dp" if tokens >= scale(slices) * comms.dcn_intensity(chip) else "pipeline"
+    return rule
+
+
+#: Rules a learner may have written instead of the course's variant, each with its hint.
+_ACROSS_MISTAKES = (
+    (_across_rule(lambda s: 1.0),
+     ("that is the scaling book's rule, C / W_dcn tokens per slice (bf16 gradients, the "
+      "many-slice limit): the exercise asks for the course's variant (fp32 gradients, a ring "
+      "over S slices, 2 (S-1)/S x 4 bytes per parameter), which agrees at two slices and "
+      "asks for more beyond")),
+    (_across_rule(lambda s: 2 * (s - 1) / s * 4 / 6),
+     ("you let all 6 FLOPs per parameter per token hide the all-reduce; only the backward "
+      "pass's 4 can (the gradients exist only once it has run)")),
+    (_across_rule(lambda s: 2.0),
+     ("you used the many-slice limit (64 bits per parameter) at every slice count: a ring over "
+      "S slices sends 2 (S-1)/S x 32 bits per parameter, 32 bits at two slices")),
+    (_across_rule(lambda s: (s - 1) / s),
+     ("your threshold is half the course's: its variant all-reduces fp32 gradients (4 bytes "
+      "per parameter, not bf16's 2) by a ring that sends each byte twice, 2 (S-1)/S times "
+      "the array (reduce-scatter, then all-gather), not (S-1)/S")),
+)
+#: Bytes per parameter a learner may have counted against HBM, with what each one is.
+_MEMORY_MISTAKES = {2: "the bf16 parameters alone", 4: "the fp32 parameters alone",
+                    8: "parameters and gradients only", 12: "fp32 parameters and Adam's two "
+                    "moments, without gradients", 16: "fp32 parameters, gradients and Adam's "
+                    "two moments"}
+
+
+def _strategy_hint(choose: Callable, cases: Sequence[tuple], got: dict[tuple, tuple]) -> str:
+    """The hint naming the rule the learner's answers follow, where one fits them all."""
+    from tpu_course import hardware
+
+    wrong_within = [c for c in cases if got[c][0] != _ref.choose(*c)[0]]
+    if wrong_within:
+        if all(got[c][0] != _ref.choose(*c)[0] for c in cases):
+            return "dp and fsdp are swapped: FSDP is for a replica that does not fit in HBM"
+        for b, what in _MEMORY_MISTAKES.items():
+            if all(got[c][0] == ("fsdp" if b * c[1] > hardware.get(c[0]).hbm_bytes else "dp")
+                   for c in cases):
+                return (f"you count {b} bytes per parameter ({what}); the chapter's count, the "
+                        "scaling book's, is 10 bytes per parameter with Adam")
+        return ("memory decides DP vs FSDP: 10 bytes per parameter (the scaling book's count "
+                "with Adam) against the chip's HBM, hardware.get(chip).hbm_bytes")
+    if any(got[c][1] != "none" for c in cases if c[3] == 1):
+        return "with one slice nothing crosses slices: across_slices is 'none'"
+    for rule, hint in _ACROSS_MISTAKES:
+        if all(got[c][1] == rule(*c) for c in cases):
+            return hint
+    return ("across slices: DP when the tokens per slice reach the course's DCN threshold, "
+            "2 (S-1)/S x 4 bytes / 4 FLOPs x C / W_dcn (fp32 gradients, a ring over S slices, "
+            "the backward pass hiding it), otherwise pipeline")
+
+
+def _strategy_hidden(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Other chips, model sizes, batches and slice counts, none within 3% of a threshold."""
+    from tpu_course import hardware
+
+    cases = []
+    while len(cases) < 6:
+        chip = str(rng.choice(["v5e", "v5p", "v6e"]))
+        slices = int(rng.choice([1, 2, 3, 4, 6, 8, 16, 64]))
+        params = float(f"{hardware.get(chip).hbm_bytes / 10 * rng.uniform(0.3, 3.0):.3g}")
+        tokens = float(f"{comms.dcn_intensity(chip) * rng.uniform(0.4, 2.4):.3g}")
+        near_memory = abs(10 * params / hardware.get(chip).hbm_bytes - 1) < 0.03
+        near_dcn = slices > 1 and abs(tokens / _ref.dcn_threshold(chip, slices) - 1) < 0.03
+        if not (near_memory or near_dcn):
+            cases.append((chip, params, tokens, slices))
+    return [("other chips, model sizes, batches and slice counts", {"cases": tuple(cases)})]
+
+
+@LAB.exercise(EX6, minutes=10, kind="transfer", hidden=_strategy_hidden)
+def check_strategy(choose: Callable[[str, float, float, int], tuple[str, str]],
+                   cases: Sequence[tuple[str, float, float, int]] = STRATEGY_CASES
+                   ) -> CheckResult:
+    """Exercise 6: ``choose(chip, params, tokens_per_slice, slices) -> (within, across)``:
+    memory decides DP vs FSDP, the course's DCN rule DP vs pipeline across slices."""
+    refuse_course_code(EX6, choose, _ref.choose, _ref.dcn_threshold, comms.recommend,
+                       comms.dcn_min_tokens_per_slice)
+    got = {}
+    for case in cases:
+        answer = choose(*case)
+        if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+            refuse(EX6, f"return a pair (within_slice, across_slices), got {answer!r:.80}",
+                   hint='for example ("fsdp", "pipeline")')
+        within, across = answer
+        if within in ACROSS and across in WITHIN and within not in WITHIN:
+            refuse(EX6, f"you returned {tuple(answer)}: the pair is (within_slice, "
+                        "across_slices), in that order", hint='for example ("fsdp", "none")')
+        if within not in WITHIN or across not in ACROSS:
+            refuse(EX6, f"you returned {tuple(answer)!r:.80}: within_slice is one of "
+                        f"{WITHIN}, across_slices one of {ACROSS}",
+                   hint="return those strings exactly (lower case)")
+        got[case] = (within, across)
+    for case in cases:
+        want = _ref.choose(*case)
+        if got[case] != want:
+            chip, params, tokens, slices = case
+            part = "inside a slice" if got[case][0] != want[0] else "across slices"
+            refuse(EX6, f"for {params:.3g} parameters on {chip} with {tokens:,.0f} tokens per "
+                        f"slice and {slices} slice(s) you chose {got[case]}: the choice "
+                        f"{part} is not the chapter's",
+                   hint=_strategy_hint(choose, cases, got), answer=f"{case}: {want}")
+    return ok(EX6, f"all {len(cases)} plans right: memory decides DP vs FSDP (10 bytes per "
+                   "parameter against HBM), the course's DCN rule decides DP vs pipeline "
+                   "across slices (above the book's C / W_dcn once there are more than two)")
