@@ -311,6 +311,27 @@ after = bench.compile_counts()["compiles"]
 print(f"padded to buckets {BUCKETS}: {predict_bucketed._cache_size()} compiled versions; "
       f"JAX's compile events during the loop: {after - before}")
 
+# %% [markdown] slideshow={"slide_type": "skip"}
+# ### Python numbers are *weakly typed*
+#
+# The cache key holds each argument's dtype too, and a plain Python number has a dtype of
+# its own kind: `2.0` is a **weakly typed** float32 (it takes the dtype of whatever array
+# it meets, so `bf16_array * 2.0` stays bf16), `2` a weakly typed int32. A numpy or JAX
+# scalar such as `np.float32(2.0)` is *strongly* typed, and it promotes a bf16 array to
+# float32 (the last line). Weak and strong, int and float are different keys; the value
+# never is.
+
+# %% slideshow={"slide_type": "skip"}
+@jax.jit
+def scale(x, s):
+    return x * s
+
+x8 = jnp.ones(8, jnp.bfloat16)
+for s in (2.0, 3.0, 2, np.float32(2.0)):
+    out = scale(x8, s)
+    print(f"s = {s!r:<18} result dtype {str(out.dtype):<9} compiled versions so far: "
+          f"{scale._cache_size()}")
+
 # %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 4, "agenda": "one-day"}
 # (Two other fixes: drop the last partial batch in training, as
 # `DataLoader(drop_last=True)` does; or pad every batch to the full size with a mask.)
@@ -462,6 +483,23 @@ new_params = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)   # SGD, ever
 print("shapes:", jax.tree.map(jnp.shape, new_params))
 print("leaves:", len(jax.tree.leaves(params)),
       " parameters:", sum(leaf.size for leaf in jax.tree.leaves(params)))
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# That `tree.map` line is what an optimizer does, and **Optax** (the optimizer library of
+# the JAX ecosystem, chapter 5 uses it throughout) packages it as a pair of pure
+# functions: `init` makes the optimizer's state (empty for plain SGD, two moments per
+# parameter for Adam), `update` turns gradients into updates, and `apply_updates` adds
+# them. Nothing is updated in place: the new parameters and state come back.
+
+# %% slideshow={"slide_type": "skip"}
+import optax
+
+tx = optax.sgd(0.1)
+opt_state = tx.init(params)
+updates, opt_state = tx.update(grads, opt_state, params)
+optax_params = optax.apply_updates(params, updates)
+same = jax.tree.map(lambda a, b: bool(jnp.allclose(a, b)), optax_params, new_params)
+print("optax.sgd's step equals the tree.map step on every leaf:", all(jax.tree.leaves(same)))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Flax NNX brings back the PyTorch feel (a `Module` object with attributes), and
