@@ -263,9 +263,15 @@ def _ch5() -> str:
     try:
         ds = data.load_mnist()
     except data.DataError as err:
-        raise Failure(f"the course's data cannot be loaded: {str(err).splitlines()[0]}",
-                      "set TPU_COURSE_DATA to a folder holding the MNIST IDX files, or unset "
-                      "it on a runtime with internet access to download them") from None
+        # The whole message, on one line: the download error's first line ends in "from
+        # any mirror:", and what to set is on its last.
+        said = " ".join(str(err).split())
+        raise Failure(f"the course's data cannot be loaded: {said[:600]}",
+                      "set TPU_COURSE_DATA to a folder holding the MNIST IDX files "
+                      "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+                      "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz; without internet, "
+                      "copy them from a machine that has it), or unset it on a runtime with "
+                      "internet access to download them") from None
     n_train, n_test = 512, 500
     subset = types.SimpleNamespace(
         name="mnist", train_set=f"first {n_train} images",
@@ -469,6 +475,10 @@ def run(json_path: str | os.PathLike | None = None, *, chapters: str | Sequence[
     try:
         rt = runtime.describe()
         banner, kind, count, platform = rt.banner(), rt.device_kind, rt.device_count, rt.platform
+        if platform == "cpu" and getattr(rt, "simulated", False):  # say where they come from
+            banner += (f" (the {count} CPU devices are simulated: this machine's CPU split "
+                       "by XLA_FLAGS=--xla_force_host_platform_device_count, which preflight "
+                       "sets for chapter 6's mesh check; it is one device otherwise)")
     except Exception as err:  # noqa: BLE001 - no backend: every row will say so too
         banner = f"JAX did not start: {type(err).__name__}: {err}"
         kind, count, platform = "unknown", 0, "none"
