@@ -16,11 +16,12 @@
 # %% [markdown]
 # # Lab 1: The systolic array
 #
-# Five exercises on chapter 1's weight-stationary array, **about 80 minutes** in all (the
-# plan below gives each one's time). One is code to write, two carry the chapter's ideas
-# to cases it did not show, and two ask for a prediction before the simulator answers.
+# Six exercises on chapter 1's weight-stationary array, **about 95 minutes** in all (the
+# plan below gives each one's time). Two are code to write (one cycle of the array, then
+# a large matmul tiled onto it), two carry the chapter's ideas to cases it did not show,
+# and two ask for a prediction before the simulator answers.
 # Each ends with a check cell: it says what is right, or what is wrong with a hint;
-# `checks.reveal("Exercise 2")` shows the expected answer once your attempt has been
+# `checks.reveal("Exercise 3")` shows the expected answer once your attempt has been
 # checked. The last cell is your scorecard.
 #
 # A prediction is recorded with `checks.ch01.LAB.predict(...)` before its measurement is
@@ -89,7 +90,59 @@ from tpu_course.checks import NotWritten
 checks.ch01.LAB
 
 # %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 1: tile a large matmul onto a fixed array (25 min)
+# ## Exercise 1: one cycle of the array (15 min)
+#
+# The chapter's `ws_array` builds the whole skewed edge buffer first (`skew(A, R)`) and
+# moves every register inside its loop. Write one cycle of that array as a function,
+# without the buffer: `ws_cycle(w, act, psum, a, s)` gets
+#
+# * `w`: the weights in the cells, `R x C` (a tile of b, zero-padded to the array's size);
+# * `act`, `psum`: the activation and partial-sum registers at the end of the cycle
+#   before (`R x C`; an empty register holds 0);
+# * `a`: the activations, `M x K` with `K <= R` (rows `k >= K` of the array are padding:
+#   their edge feeds 0);
+# * `s`: the cycles since the stream began (0 for the first; the `R` load cycles are
+#   not counted),
+#
+# and returns `(act, psum)` at the end of cycle `s`. Three questions: which value of `a`
+# enters row `k` at cycle `s` (and when does none)? Where does each activation move? What
+# does each cell add to what? The check feeds your function the simulator's own
+# registers (`systolic.simulate(..., trace=True)`) cycle by cycle and compares what it
+# returns with the simulator's next registers, on a non-square array with a padded row;
+# grading also tries other arrays.
+
+# %%
+def ws_cycle(w, act, psum, a, s):
+    raise NotImplementedError("Exercise 1 (one cycle of the array): write your code here")
+
+
+# %%
+checks.ch01.check_ws_cycle(ws_cycle)
+
+# %% [markdown]
+# Your cycle, run from empty registers until the last result leaves the bottom edge,
+# is a whole array (the bottom row of `psum` holds row `s - (R - 1) - j` of the product in
+# column `j`):
+
+# %%
+a1, b1 = np.arange(1, 16).reshape(5, 3), np.arange(1, 10).reshape(3, 3)
+R1, C1 = 4, 3
+w1 = np.zeros((R1, C1), np.int64)
+w1[:3, :3] = b1
+act1 = psum1 = np.zeros((R1, C1), np.int64)
+out1 = np.zeros((5, C1), np.int64)
+with checks.skip_if_not_written():
+    for s in range(5 + R1 + C1 - 2):
+        act1, psum1 = ws_cycle(w1, act1, psum1, a1, s)
+        for j in range(C1):
+            if 0 <= s - (R1 - 1) - j < 5:
+                out1[s - (R1 - 1) - j, j] = psum1[R1 - 1, j]
+    print("your array's product equals a @ b:", bool((out1 == a1 @ b1).all()))
+    print(f"cycles: {R1} to load + {s + 1} streaming = {R1 + s + 1}; systolic.simulate:",
+          systolic.simulate(a1, b1, R1, C1).cycles)
+
+# %% [markdown] workshop={"agenda": "two-days"}
+# ## Exercise 2: tile a large matmul onto a fixed array (25 min)
 #
 # The array holds at most `rows x cols` weights: its rows hold rows of `b` (K), its
 # columns columns of `b` (N), and it need not be square. Write `tiled_matmul(a, b, rows,
@@ -101,14 +154,14 @@ checks.ch01.LAB
 
 # %%
 def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
-    raise NotImplementedError("Exercise 1 (tile a large matmul): write your code here")
+    raise NotImplementedError("Exercise 2 (tile a large matmul): write your code here")
 
 
 # %%
 checks.ch01.check_tiled_matmul(tiled_matmul)
 
 # %% [markdown] workshop={"agenda": "half-day"}
-# ## Exercise 2: predict a GEMM on two arrays, then simulate (15 min)
+# ## Exercise 3: predict a GEMM on two arrays, then simulate (15 min)
 #
 # A layer multiplies A[200 x 384] by B[384 x 640] (`checks.ch01.GEMM`). TPU v5e has
 # 128x128 MXUs, v6e 256x256 ones. **Before simulating**, predict for each array the
@@ -119,24 +172,24 @@ checks.ch01.check_tiled_matmul(tiled_matmul)
 
 # %%
 M2, K2, N2 = checks.ch01.GEMM
-# Exercise 2 (predict a GEMM on two arrays): write your code here
+# Exercise 3 (predict a GEMM on two arrays): write your code here
 def ws_cycles(M, K, N, R, C):
-    raise NotImplementedError("Exercise 2 (predict a GEMM on two arrays): write your code here")
-c128 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
-c256 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
-predicted_128 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
-predicted_256 = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
-finishes_first = NotWritten("Exercise 2 (predict a GEMM on two arrays)")
+    raise NotImplementedError("Exercise 3 (predict a GEMM on two arrays): write your code here")
+c128 = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
+c256 = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
+predicted_128 = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
+predicted_256 = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
+finishes_first = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
 
 # %%
-checks.ch01.LAB.predict("Exercise 2", predicted_128, predicted_256, finishes_first)
+checks.ch01.LAB.predict("Exercise 3", predicted_128, predicted_256, finishes_first)
 
 # %% [markdown]
 # Now the simulator moves every value through both arrays (once your prediction is
 # recorded; showing it locks the prediction):
 
 # %%
-if checks.ch01.LAB.predicted("Exercise 2"):
+if checks.ch01.LAB.predicted("Exercise 3"):
     rng = np.random.default_rng(0)
     A2 = rng.integers(-2, 3, checks.ch01.GEMM[:2])
     B2 = rng.integers(-2, 3, checks.ch01.GEMM[1:])
@@ -148,8 +201,8 @@ if checks.ch01.LAB.predicted("Exercise 2"):
 # %%
 checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 
-# %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 3: the smallest batch that fills the array (15 min)
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 4: the smallest batch that fills the array (15 min)
 #
 # A layer's weights B[K x N] sit in the array; the batch M streams through. The chapter
 # showed utilisation against a square size. Here the weights are fixed and you choose
@@ -162,14 +215,14 @@ checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 
 # %%
 def smallest_batch(K, N, rows, cols):
-    raise NotImplementedError("Exercise 3 (the smallest batch that fills the array): write your code here")
+    raise NotImplementedError("Exercise 4 (the smallest batch that fills the array): write your code here")
 
 
 # %%
 checks.ch01.check_smallest_batch(smallest_batch)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 4: choose the dataflow (15 min)
+# ## Exercise 5: choose the dataflow (15 min)
 #
 # The chapter ran the three dataflows on one small problem. Write `best_dataflow(M, K, N,
 # rows, cols)` returning `'ws'`, `'is'` or `'os'`: the one with the fewest cycles for this
@@ -181,7 +234,7 @@ checks.ch01.check_smallest_batch(smallest_batch)
 
 # %%
 def best_dataflow(M, K, N, rows, cols):
-    raise NotImplementedError("Exercise 4 (choose the dataflow): write your code here")
+    raise NotImplementedError("Exercise 5 (choose the dataflow): write your code here")
 
 
 # %%
@@ -199,7 +252,7 @@ with checks.skip_if_not_written():
         print(f"{df}: {r.cycles:,} cycles, utilisation {r.utilization:.3f}{mark}")
 
 # %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 5: where does a bf16 sum stall? (10 min)
+# ## Exercise 6: where does a bf16 sum stall? (10 min)
 #
 # The chapter's sum of ones in a bf16 accumulator stopped at 256. Now add 0.1 again and
 # again (`checks.ch01.STALL_TERM`) to a running sum kept in bf16. **Predict** the value at
@@ -208,14 +261,14 @@ with checks.skip_if_not_written():
 # neighbour). Record it, then the cell after computes it.
 
 # %%
-# Exercise 5 (where a bf16 sum stalls): write your code here
-predicted_stall = NotWritten("Exercise 5 (where a bf16 sum stalls)")
+# Exercise 6 (where a bf16 sum stalls): write your code here
+predicted_stall = NotWritten("Exercise 6 (where a bf16 sum stalls)")
 
 # %%
-checks.ch01.LAB.predict("Exercise 5", predicted_stall)
+checks.ch01.LAB.predict("Exercise 6", predicted_stall)
 
 # %%
-if checks.ch01.LAB.predicted("Exercise 5"):
+if checks.ch01.LAB.predicted("Exercise 6"):
     total = ml_dtypes.bfloat16(0)
     for _ in range(2000):
         total = ml_dtypes.bfloat16(np.float32(total) + np.float32(checks.ch01.STALL_TERM))

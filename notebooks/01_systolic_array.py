@@ -144,25 +144,86 @@ plt.show()
 #
 # The TPU's matrix unit (MXU) is **weight-stationary**: the cells hold a tile of B (the
 # weights), rows of A (the activations) stream in from the left, and partial sums flow
-# down and leave at the bottom. `systolic.simulate(..., trace=True)` does this cycle by
-# cycle, moving every register one cell per cycle with numpy over the whole grid. With
-# the trace off (the default, for big problems) it moves one fold's valid bits cycle by
-# cycle and then does the same multiply-adds, in the same order, one array row at a time.
-# Its cycle model (the module docstring states it in full):
+# down and leave at the bottom. Here it is in numpy, for one fold (K <= R, N <= C):
 #
-# * cycles are numbered from 0; loading the weights takes `R` cycles;
-# * activation `a[i,k]` enters row `k` at cycle `R + i + k` (row `k` of the edge buffer
-#   starts `k` cycles late, the *skew*) and moves one column right per cycle, so it is in
-#   cell `(k, j)` at cycle `R + i + k + j`;
-# * the partial sum of `c[i,j]` moves one row down per cycle and leaves the bottom of
-#   column `j` at the end of cycle `R + i + (R - 1) + j`.
+# * cycles count from 0; the weights load in `R` cycles (a row of B enters each cycle);
+# * row `k` of the left edge buffer starts `k` cycles late (the *skew*): `a[i,k]` enters
+#   at cycle `R + i + k` and moves one column right per cycle;
+# * each cell adds `activation x weight` to the partial sum from the cell above and
+#   passes it down: `c[i,j]` leaves column `j` at the end of cycle `R + i + (R - 1) + j`.
+
+# %% slideshow={"slide_type": "subslide"}
+def skew(A, R):
+    """The left edge buffer: row k of the array gets column k of A, k cycles late."""
+    M, K = A.shape
+    feed = np.zeros((M + R - 1, R), A.dtype)
+    for k in range(K):
+        feed[k:k + M, k] = A[:, k]
+    return feed
+
+
+def ws_array(A, B, R, C):
+    """A @ B on an R x C weight-stationary array: (product, cycles, registers per cycle)."""
+    M, K = A.shape
+    tile = np.zeros((R, C), A.dtype)
+    tile[:K, :B.shape[1]] = B
+    w = np.zeros((R, C), A.dtype)
+    for t in range(R):                                   # load: last row of B first
+        w = np.vstack([tile[R - 1 - t], w[:-1]])
+    feed, top = skew(A, R), np.zeros((1, C), A.dtype)
+    act, psum = np.zeros((R, C), A.dtype), np.zeros((R, C), A.dtype)
+    out, done, registers = np.zeros((M, C), A.dtype), np.zeros((M, C), bool), []
+    s = 0                                                # cycles since the stream began
+    while not done.all():
+        x = feed[s] if s < len(feed) else 0 * feed[0]
+        act = np.hstack([x[:, None], act[:, :-1]])       # one cell right
+        psum = np.vstack([top, psum[:-1]]) + act * w     # one cell down, + MAC
+        i, j = s - (R - 1) - np.arange(C), np.arange(C)  # row of C leaving each column
+        ok = (i >= 0) & (i < M)
+        out[i[ok], j[ok]], done[i[ok], j[ok]] = psum[R - 1, ok], True
+        registers.append((act, psum))
+        s += 1
+    return out[:, :B.shape[1]], R + s, registers
+
 
 # %% slideshow={"slide_type": "subslide"}
 A = np.array([[1, 2, 0, 1], [3, 1, 2, 0], [0, 1, 1, 2], [2, 0, 3, 1], [1, 1, 1, 1]])
 B = np.array([[1, 0, 2, 1], [0, 1, 1, 0], [2, 1, 0, 1], [1, 2, 1, 0]])
-run = systolic.simulate(A, B, rows=4, cols=4, trace=True)
+R = C = 4
+print("the left edge buffer, skew(A, 4): line s enters the array at cycle R + s")
+print(skew(A, R))
+mine, my_cycles, registers = ws_array(A, B, R, C)
+for s in range(4):
+    act, psum = registers[s]
+    print(f"\ncycle {R + s}: activations (moving right) | partial sums (moving down)")
+    for row_a, row_p in zip(act, psum):
+        print("   ", row_a, "  |  ", row_p)
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# Row 0 of A enters as a diagonal: `a[0,0]` in cycle 4, `a[0,1]` one row down in cycle 5,
+# when the partial sum from cell (0, 0) arrives there too: that is what the skew is for.
+# The course's `systolic.simulate(..., trace=True)` moves the same registers (and more:
+# many folds, a double-buffered load path). Same product, cycles and registers? (An
+# empty register of the simulator holds 0 here.)
+
+# %% slideshow={"slide_type": "subslide"}
+run = systolic.simulate(A, B, rows=R, cols=C, trace=True)
+print("numpy array == simulate:", bool((mine == run.result).all()), "; equal to A @ B:",
+      bool((mine == A @ B).all()))
+print("cycles: numpy", my_cycles, ", simulate", run.cycles)
+frames = run.trace[R:]                          # the stream starts after the R load cycles
+same = len(frames) == len(registers) and all(
+    np.array_equal(np.nan_to_num(fr.horizontal), act)
+    and np.array_equal(np.nan_to_num(fr.vertical), psum)
+    for (act, psum), fr in zip(registers, frames))
+print(f"every activation and partial sum equal in all {len(registers)} streaming cycles:", same)
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# From here on the chapter uses the package, for many folds, big arrays, three
+# dataflows and the counts of phases and traffic.
+
+# %% slideshow={"slide_type": "subslide"}
 print(run.summary())
-print("equal to A @ B:", bool((run.result == A @ B).all()))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Below are key cycles of that run (a static strip, which is what GitHub and CI show).
@@ -195,7 +256,6 @@ viz.animate(run)
 # `cycles = R + (T - 1) + (R - 1) + (C - 1) + 1 = R + T + R + C - 2`
 
 # %% slideshow={"slide_type": "subslide"}
-R = C = 4
 T = A.shape[0]
 print(f"closed form: R + T + R + C - 2 = {R} + {T} + {R} + {C} - 2 = {R + T + R + C - 2}")
 print("systolic.cycle_count:", systolic.cycle_count(5, 4, 4, 4, 4))
@@ -215,13 +275,23 @@ print(f"useful MACs {run.useful_macs}, cells x cycles {16 * run.cycles}, "
       f"utilisation {run.utilization:.3f}")
 print("useful MACs per cycle:", run.macs_per_cycle.tolist())
 
-# %% [markdown] slideshow={"slide_type": "slide"}
-# ### Three dataflows
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "self-paced"}
+# ## 3. Three dataflows
 #
-# What stays in the cells is a design choice. Weight-stationary keeps B; input-stationary
-# keeps A (transposed) and streams the columns of B; output-stationary keeps the
-# accumulators of C and streams both A (from the left) and B (from the top). Same
-# product, different costs:
+# What stays in the cells is a design choice. For C[M x N] = A[M x K] @ B[K x N] on `R`
+# rows and `C` columns of cells:
+#
+# | dataflow | stays in the cells | streams through | array rows hold | array columns hold | vectors per fold `T` | folds |
+# | --- | --- | --- | :-: | :-: | :-: | --- |
+# | `"ws"` weight-stationary (the MXU) | B, the weights | rows of A from the left; partial sums down | K | N | M | ceil(K/R) x ceil(N/C) |
+# | `"is"` input-stationary | A, transposed | columns of B from the left; partial sums down | K | M | N | ceil(K/R) x ceil(M/C) |
+# | `"os"` output-stationary | C, the accumulators | A from the left and B from the top | M | N | K | ceil(M/R) x ceil(N/C) |
+#
+# Input-stationary is the weight-stationary machine with the operands' roles swapped
+# (it computes C transposed). Output-stationary loads nothing before it streams, but its
+# finished results must shift out of the bottom edge (`R` more cycles after the last
+# fold). Every fold of every dataflow streams `T` vectors through the skewed array, so the
+# cycle count of section 2 holds with this table's `T`. Same product, different costs:
 
 # %% slideshow={"slide_type": "subslide"}
 A2 = np.random.default_rng(0).integers(-3, 4, (12, 10))
@@ -234,7 +304,7 @@ for df in systolic.DATAFLOWS:
           f"{r.operand_reads} values in, {r.result_writes} results out")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
-# ## 3. Two timing conventions: SCALE-Sim's and the MXU's
+# ## 4. Two timing conventions: SCALE-Sim's and the MXU's
 #
 # [SCALE-Sim](https://github.com/scalesim-project/scale-sim-v3) is the published
 # systolic-array simulator. Its conventions (ideal memory) are one of the two
@@ -277,7 +347,7 @@ print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F 
 # > (`T = M`, the batch of rows), the less the fixed costs matter.
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "half-day"}
-# ## 4. Real MXUs: 128 x 128 and 256 x 256, and the padding staircase
+# ## 5. Real MXUs: 128 x 128 and 256 x 256, and the padding staircase
 #
 # A 100 x 100 matmul on a 128 x 128 MXU fills only 100 x 100 of its 16,384 cells: the
 # rest hold padding. It is also far too short to amortise loading and filling. A
@@ -314,7 +384,7 @@ viz.plot_cycles_vs_size(list(range(1, 65)), [4, 8, 9, 16, 17, 24, 32, 33, 48, 64
 plt.show()
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
-# ## 5. The chip around the MXU
+# ## 6. The chip around the MXU
 #
 # The MXU only multiplies matrices. Around it (per TensorCore):
 #
@@ -354,7 +424,7 @@ for name in ("v5e",):
 # simulator counts cycles and stops there.
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "half-day"}
-# ## 6. bf16: the number format of the MXU
+# ## 7. bf16: the number format of the MXU
 #
 # bfloat16 keeps float32's 8 exponent bits and cuts the significand from 23 bits to 7.
 # float16 spends its 16 bits differently: 5 exponent bits, 10 significand bits.
@@ -399,8 +469,20 @@ print("relative error of bf16:", np.abs(x.astype(ml_dtypes.bfloat16).astype(np.f
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # **Accumulation.** A matmul adds up K products. With the running sum in bf16, once the
-# sum is large each new small term falls below half a gap and is lost. With bf16 inputs
-# and a float32 accumulator, the MXU's choice, only the inputs are rounded.
+# sum is large each new small term falls below half a gap and is lost. The plainest case
+# is a sum of ones:
+
+# %% slideshow={"slide_type": "skip"}
+ones = ml_dtypes.bfloat16(0)
+for _ in range(1000):
+    ones = ml_dtypes.bfloat16(np.float32(ones) + np.float32(1))
+print("1000 ones summed in a bf16 accumulator:", float(ones))
+print("gap between bf16 numbers at 256:", float(np.spacing(ml_dtypes.bfloat16(256))))
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# At 256 the gap is 2, so 256 + 1 lies halfway between 256 and 258 and rounds to the
+# even one, 256: the sum stops there. With random terms the loss is gradual. With bf16
+# inputs and a float32 accumulator, the MXU's choice, only the inputs are rounded.
 
 # %% slideshow={"slide_type": "skip"}
 rng = np.random.default_rng(0)
@@ -440,7 +522,7 @@ plt.show()
 # > the inputs of a matmul, keep the sums in float32.
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
-# ## 7. Where the real MXU differs from the toy
+# ## 8. Where the real MXU differs from the toy
 #
 # * It takes bf16 (and on newer chips int8/fp8) inputs and accumulates in fp32; the
 #   simulator computes in whatever dtype it is given (int64 for integers).
@@ -452,6 +534,7 @@ plt.show()
 #   here: chapter 4 brings them in with the roofline, and measures what `jit` produces
 #   on a real chip.
 #
-# **Try it.** Change `rows`/`cols` in section 2, or the dataflow, and predict the cycle
-# count before you run the cell. The lab (`labs/01_systolic_array.ipynb`) turns this
-# into exercises with checks.
+# **Try it.** Change `rows`/`cols` in section 2, or the dataflow in section 3, and
+# predict the cycle count before you run the cell. The lab (`labs/01_systolic_array.ipynb`)
+# turns this into exercises with checks, starting with one cycle of the array written by
+# you.

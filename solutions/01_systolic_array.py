@@ -16,11 +16,12 @@
 # %% [markdown]
 # # Lab 1 (solution): The systolic array
 #
-# Five exercises on chapter 1's weight-stationary array, **about 80 minutes** in all (the
-# plan below gives each one's time). One is code to write, two carry the chapter's ideas
-# to cases it did not show, and two ask for a prediction before the simulator answers.
+# Six exercises on chapter 1's weight-stationary array, **about 95 minutes** in all (the
+# plan below gives each one's time). Two are code to write (one cycle of the array, then
+# a large matmul tiled onto it), two carry the chapter's ideas to cases it did not show,
+# and two ask for a prediction before the simulator answers.
 # Each ends with a check cell: it says what is right, or what is wrong with a hint;
-# `checks.reveal("Exercise 2")` shows the expected answer once your attempt has been
+# `checks.reveal("Exercise 3")` shows the expected answer once your attempt has been
 # checked. The last cell is your scorecard.
 #
 # A prediction is recorded with `checks.ch01.LAB.predict(...)` before its measurement is
@@ -89,7 +90,69 @@ from tpu_course.checks import NotWritten
 checks.ch01.LAB
 
 # %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 1: tile a large matmul onto a fixed array (25 min)
+# ## Exercise 1: one cycle of the array (15 min)
+#
+# The chapter's `ws_array` builds the whole skewed edge buffer first (`skew(A, R)`) and
+# moves every register inside its loop. Write one cycle of that array as a function,
+# without the buffer: `ws_cycle(w, act, psum, a, s)` gets
+#
+# * `w`: the weights in the cells, `R x C` (a tile of b, zero-padded to the array's size);
+# * `act`, `psum`: the activation and partial-sum registers at the end of the cycle
+#   before (`R x C`; an empty register holds 0);
+# * `a`: the activations, `M x K` with `K <= R` (rows `k >= K` of the array are padding:
+#   their edge feeds 0);
+# * `s`: the cycles since the stream began (0 for the first; the `R` load cycles are
+#   not counted),
+#
+# and returns `(act, psum)` at the end of cycle `s`. Three questions: which value of `a`
+# enters row `k` at cycle `s` (and when does none)? Where does each activation move? What
+# does each cell add to what? The check feeds your function the simulator's own
+# registers (`systolic.simulate(..., trace=True)`) cycle by cycle and compares what it
+# returns with the simulator's next registers, on a non-square array with a padded row;
+# grading also tries other arrays.
+
+# %%
+def ws_cycle(w, act, psum, a, s):
+    ### BEGIN SOLUTION Exercise 1 (one cycle of the array)
+    rows = w.shape[0]
+    m, k = a.shape
+    x = np.zeros(rows, act.dtype)       # what enters the left edge this cycle
+    for r in range(min(rows, k)):
+        if 0 <= s - r < m:              # row r starts r cycles late: the skew
+            x[r] = a[s - r, r]
+    act = np.hstack([x[:, None], act[:, :-1]])                   # one cell right
+    above = np.vstack([np.zeros((1, act.shape[1]), psum.dtype), psum[:-1]])
+    return act, above + act * w         # one cell down, plus this cell's product
+    ### END SOLUTION
+
+
+# %%
+checks.ch01.check_ws_cycle(ws_cycle)
+
+# %% [markdown]
+# Your cycle, run from empty registers until the last result leaves the bottom edge,
+# is a whole array (the bottom row of `psum` holds row `s - (R - 1) - j` of the product in
+# column `j`):
+
+# %%
+a1, b1 = np.arange(1, 16).reshape(5, 3), np.arange(1, 10).reshape(3, 3)
+R1, C1 = 4, 3
+w1 = np.zeros((R1, C1), np.int64)
+w1[:3, :3] = b1
+act1 = psum1 = np.zeros((R1, C1), np.int64)
+out1 = np.zeros((5, C1), np.int64)
+with checks.skip_if_not_written():
+    for s in range(5 + R1 + C1 - 2):
+        act1, psum1 = ws_cycle(w1, act1, psum1, a1, s)
+        for j in range(C1):
+            if 0 <= s - (R1 - 1) - j < 5:
+                out1[s - (R1 - 1) - j, j] = psum1[R1 - 1, j]
+    print("your array's product equals a @ b:", bool((out1 == a1 @ b1).all()))
+    print(f"cycles: {R1} to load + {s + 1} streaming = {R1 + s + 1}; systolic.simulate:",
+          systolic.simulate(a1, b1, R1, C1).cycles)
+
+# %% [markdown] workshop={"agenda": "two-days"}
+# ## Exercise 2: tile a large matmul onto a fixed array (25 min)
 #
 # The array holds at most `rows x cols` weights: its rows hold rows of `b` (K), its
 # columns columns of `b` (N), and it need not be square. Write `tiled_matmul(a, b, rows,
@@ -101,7 +164,7 @@ checks.ch01.LAB
 
 # %%
 def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
-    ### BEGIN SOLUTION Exercise 1 (tile a large matmul)
+    ### BEGIN SOLUTION Exercise 2 (tile a large matmul)
     m, k = a.shape
     n = b.shape[1]
     out = np.zeros((m, n), dtype=np.result_type(a, b, np.int64))
@@ -117,7 +180,7 @@ def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
 checks.ch01.check_tiled_matmul(tiled_matmul)
 
 # %% [markdown] workshop={"agenda": "half-day"}
-# ## Exercise 2: predict a GEMM on two arrays, then simulate (15 min)
+# ## Exercise 3: predict a GEMM on two arrays, then simulate (15 min)
 #
 # A layer multiplies A[200 x 384] by B[384 x 640] (`checks.ch01.GEMM`). TPU v5e has
 # 128x128 MXUs, v6e 256x256 ones. **Before simulating**, predict for each array the
@@ -128,7 +191,7 @@ checks.ch01.check_tiled_matmul(tiled_matmul)
 
 # %%
 M2, K2, N2 = checks.ch01.GEMM
-### BEGIN SOLUTION Exercise 2 (predict a GEMM on two arrays)
+### BEGIN SOLUTION Exercise 3 (predict a GEMM on two arrays)
 def ws_cycles(M, K, N, R, C):
     folds = math.ceil(K / R) * math.ceil(N / C)
     return R + (folds - 1) * max(M, R) + M + R + C - 2
@@ -141,14 +204,14 @@ finishes_first = "256x256"
 ### END SOLUTION
 
 # %%
-checks.ch01.LAB.predict("Exercise 2", predicted_128, predicted_256, finishes_first)
+checks.ch01.LAB.predict("Exercise 3", predicted_128, predicted_256, finishes_first)
 
 # %% [markdown]
 # Now the simulator moves every value through both arrays (once your prediction is
 # recorded; showing it locks the prediction):
 
 # %%
-if checks.ch01.LAB.predicted("Exercise 2"):
+if checks.ch01.LAB.predicted("Exercise 3"):
     rng = np.random.default_rng(0)
     A2 = rng.integers(-2, 3, checks.ch01.GEMM[:2])
     B2 = rng.integers(-2, 3, checks.ch01.GEMM[1:])
@@ -160,8 +223,8 @@ if checks.ch01.LAB.predicted("Exercise 2"):
 # %%
 checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 
-# %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 3: the smallest batch that fills the array (15 min)
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 4: the smallest batch that fills the array (15 min)
 #
 # A layer's weights B[K x N] sit in the array; the batch M streams through. The chapter
 # showed utilisation against a square size. Here the weights are fixed and you choose
@@ -174,7 +237,7 @@ checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 
 # %%
 def smallest_batch(K, N, rows, cols):
-    ### BEGIN SOLUTION Exercise 3 (the smallest batch that fills the array)
+    ### BEGIN SOLUTION Exercise 4 (the smallest batch that fills the array)
     # With F folds, cycles = R + (F-1) max(M, R) + M + R + C - 2 and useful work
     # M*K*N over R*C cells. Padding caps the utilisation at K*N / (Kp*Np) whatever M is.
     Kp, Np = math.ceil(K / rows) * rows, math.ceil(N / cols) * cols
@@ -209,7 +272,7 @@ checks.ch01.check_smallest_batch(smallest_batch)
 # is paid three times (load, fill, and `max(M, R)` between folds), C once.
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 4: choose the dataflow (15 min)
+# ## Exercise 5: choose the dataflow (15 min)
 #
 # The chapter ran the three dataflows on one small problem. Write `best_dataflow(M, K, N,
 # rows, cols)` returning `'ws'`, `'is'` or `'os'`: the one with the fewest cycles for this
@@ -221,7 +284,7 @@ checks.ch01.check_smallest_batch(smallest_batch)
 
 # %%
 def best_dataflow(M, K, N, rows, cols):
-    ### BEGIN SOLUTION Exercise 4 (choose the dataflow)
+    ### BEGIN SOLUTION Exercise 5 (choose the dataflow)
     def cycles(rows_dim, cols_dim, T, preload, drain):
         F = math.ceil(rows_dim / rows) * math.ceil(cols_dim / cols)
         return preload + (F - 1) * max(T, rows) + T + rows + cols - 2 + drain
@@ -247,7 +310,7 @@ with checks.skip_if_not_written():
         print(f"{df}: {r.cycles:,} cycles, utilisation {r.utilization:.3f}{mark}")
 
 # %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 5: where does a bf16 sum stall? (10 min)
+# ## Exercise 6: where does a bf16 sum stall? (10 min)
 #
 # The chapter's sum of ones in a bf16 accumulator stopped at 256. Now add 0.1 again and
 # again (`checks.ch01.STALL_TERM`) to a running sum kept in bf16. **Predict** the value at
@@ -256,7 +319,7 @@ with checks.skip_if_not_written():
 # neighbour). Record it, then the cell after computes it.
 
 # %%
-### BEGIN SOLUTION Exercise 5 (where a bf16 sum stalls)
+### BEGIN SOLUTION Exercise 6 (where a bf16 sum stalls)
 # The sum stops where 0.1 is less than half a gap: gap > 0.2, so gap = 0.25, in
 # [32, 64). Just below 32 the gap is 0.125 and 0.1 rounds UP to a whole gap, so the sum
 # reaches 32 exactly, and 32 + 0.1 rounds back to 32.
@@ -264,10 +327,10 @@ predicted_stall = 32.0
 ### END SOLUTION
 
 # %%
-checks.ch01.LAB.predict("Exercise 5", predicted_stall)
+checks.ch01.LAB.predict("Exercise 6", predicted_stall)
 
 # %%
-if checks.ch01.LAB.predicted("Exercise 5"):
+if checks.ch01.LAB.predicted("Exercise 6"):
     total = ml_dtypes.bfloat16(0)
     for _ in range(2000):
         total = ml_dtypes.bfloat16(np.float32(total) + np.float32(checks.ch01.STALL_TERM))

@@ -29,20 +29,187 @@ def fresh_state():
 
 def test_registry_lists_every_exercise_with_a_transfer_and_a_prediction():
     lab = ch01.LAB
-    assert [e.title for e in lab.exercises] == [ch01.EX1, ch01.EX2, ch01.EX3, ch01.EX4, ch01.EX5]
+    assert [e.title for e in lab.exercises] == [ch01.EX1, ch01.EX2, ch01.EX3, ch01.EX4, ch01.EX5,
+                                                ch01.EX6]
     assert {"transfer", "predict"} <= {e.kind for e in lab.exercises}
     assert lab.minutes == sum(e.minutes for e in lab.exercises) > 0
     # every exercise whose answer is a function is graded on unseen inputs too
-    assert [e.hidden is not None for e in lab.exercises] == [True, False, True, True, False]
+    assert [e.hidden is not None for e in lab.exercises] == [True, True, False, True, True, False]
 
 
 def test_the_course_references_are_not_public_names_of_the_checker():
-    for name in ("smallest_batch_reference", "bf16_running_sum", "_bf16"):
+    for name in ("smallest_batch_reference", "bf16_running_sum", "_bf16", "ws_cycle"):
         assert not hasattr(ch01, name)
     assert answers.bf16_running_sum(np.full(2000, 0.1, np.float32)) == 32.0
 
 
 # -- Exercise 1 -------------------------------------------------------------------------
+
+def cycle(w, act, psum, a, s, feed=lambda s, k: s - k, move="right", sums="down",
+          wrap=False, clip=False):
+    """Honest, not the course's (np.roll and a list), with switches for the mistakes."""
+    rows = w.shape[0]
+    m, k = a.shape
+    x = np.zeros(rows, act.dtype)
+    for r in range(min(rows, k)):
+        i = feed(s, r)
+        if clip:
+            i = min(max(i, 0), m - 1)
+        if 0 <= i < m or (wrap and -m <= i < m):
+            x[r] = a[i, r]
+    old = act.copy()
+    if move == "right":
+        act = np.roll(act, 1, axis=1)
+        act[:, 0] = x
+    elif move == "left":
+        act = np.roll(act, -1, axis=1)
+        act[:, 0] = x
+    elif move == "broadcast":
+        act = np.tile(x[:, None], (1, act.shape[1]))
+    prod = (old if sums == "old" else act) * w
+    if sums in ("down", "old"):
+        below = np.roll(psum, 1, axis=0)
+        below[0] = 0
+        return act, below + prod
+    if sums == "stays":
+        return act, psum + prod
+    if sums == "fresh":
+        return act, prod
+    if sums == "roll":
+        return act, np.roll(psum, 1, axis=0) + prod
+    raise AssertionError(sums)
+
+
+def cycle_loops(w, act, psum, a, s):
+    """Honest, not the course's: plain loops over the cells, bottom row first in place."""
+    rows, cols = w.shape
+    for k in range(rows):
+        for j in range(cols - 1, 0, -1):
+            act[k, j] = act[k, j - 1]
+        i = s - k
+        act[k, 0] = a[i, k] if k < a.shape[1] and 0 <= i < a.shape[0] else 0
+    for k in range(rows - 1, -1, -1):
+        for j in range(cols):
+            psum[k, j] = (psum[k - 1, j] if k else 0) + act[k, j] * w[k, j]
+    return act, psum
+
+
+@pytest.mark.parametrize("honest", [cycle, cycle_loops])
+def test_ws_cycle_accepts_honest_answers_also_on_unseen_arrays(honest):
+    assert ch01.check_ws_cycle(honest)
+    assert ch01.check_ws_cycle(honest, rows=2, cols=5, shape=(3, 2, 5))
+    graded = ch01.LAB.exercises[0].grade_hidden({"ws_cycle": honest}, SEED)
+    assert graded, graded
+
+
+def test_ws_cycle_reference_equals_the_simulators_trace():
+    for rows, cols, shape in ((4, 4, (5, 4, 4)), (4, 3, (6, 3, 2)), (2, 6, (1, 1, 6))):
+        m, k, n = shape
+        rng = np.random.default_rng(rows * cols)
+        a, b = rng.integers(-5, 6, (m, k)), rng.integers(-5, 6, (k, n))
+        w = np.zeros((rows, cols), np.int64)
+        w[:k, :n] = b
+        act = psum = np.zeros((rows, cols), np.int64)
+        for s, (want_act, want_psum) in enumerate(ch01._trace_registers(a, b, rows, cols)):
+            act, psum = answers.ws_cycle(w, act, psum, a, s)
+            assert np.array_equal(act, want_act) and np.array_equal(psum, want_psum), s
+
+
+def test_ws_cycle_check_is_non_square_and_hides_other_arrays():
+    ex = ch01.LAB.exercises[0]
+    rows, cols, (m, k, n), _ = ex.check.__defaults__
+    assert rows != cols and k < rows  # a padded row in the notebook's check
+    kinds = [what for what, _ in ex.hidden(np.random.default_rng(SEED))]
+    assert any("tall" in w for w in kinds) and any("wide" in w for w in kinds)
+    assert any("shorter" in w for w in kinds)
+
+
+EX1_MISTAKES = [
+    (functools.partial(cycle, feed=lambda s, k: s), "no skew"),
+    (functools.partial(cycle, feed=lambda s, k: s - (3 - k)), "skew runs the wrong way"),
+    (functools.partial(cycle, move="left"), "move the wrong way"),
+    (functools.partial(cycle, move="broadcast"), "same cycle"),
+    (functools.partial(cycle, sums="stays"), "partial sums not passed down"),
+    (functools.partial(cycle, sums="fresh"), "partial sums not passed down"),
+    (functools.partial(cycle, sums="roll"), "wrap around"),
+    (functools.partial(cycle, sums="old"), "before it moved"),
+    (functools.partial(cycle, feed=lambda s, k: s - k - 1), "off by one cycle"),
+    (functools.partial(cycle, feed=lambda s, k: s - k + 1), "off by one cycle"),
+    (functools.partial(cycle, feed=lambda s, k: s - 4 - k), "R cycles of the weight load"),
+    (functools.partial(cycle, wrap=True), "negative index wraps"),
+    (functools.partial(cycle, clip=True), "not the first or last row"),
+    # two mistakes at once: both named
+    (functools.partial(cycle, feed=lambda s, k: s, sums="stays"),
+     "no skew|partial sums not passed down"),
+]
+
+
+@pytest.mark.parametrize("answer, words", EX1_MISTAKES)
+def test_ws_cycle_names_each_mistake(answer, words):
+    r = ch01.check_ws_cycle(answer)
+    assert r.status == "failed" and r.answer, r
+    assert all(part in r.hint for part in words.split("|")), r
+    assert "simulator holds" not in r.message
+
+
+def _no_padding(w, act, psum, a, s):
+    """Feeds a's K columns only: the array's padded rows get nothing (a shape error)."""
+    x = np.array([a[s - r, r] if 0 <= s - r < a.shape[0] else 0 for r in range(a.shape[1])])
+    act = np.hstack([x[:, None], act[:, :-1]])
+    return act, np.vstack([np.zeros_like(psum[:1]), psum[:-1]]) + act * w
+
+
+_calls = []
+
+
+def _counter(w, act, psum, a, s):
+    _calls.append(s)
+    return cycle(w, act, psum, a, len(_calls) - 1)
+
+
+@pytest.mark.parametrize("answer, field, words", [
+    (lambda w, act, psum, a, s: None, "message", "None"),
+    (lambda w, act, psum, a, s: act, "message", "not two registers"),
+    (lambda w, act, psum, a, s: cycle(w, act, psum, a, s)[::-1], "message", "wrong order"),
+    (lambda w, act, psum, a, s: tuple(x.T for x in cycle(w, act, psum, a, s)), "hint",
+     "transposed"),
+    (_no_padding, "hint", "rows k >= K"),
+    (_counter, "message", "out of order"),
+    (lambda w, act, psum, a, s: 1 / 0, "message", "ZeroDivisionError"),
+])
+def test_ws_cycle_names_what_came_back(answer, field, words):
+    _calls.clear()
+    r = ch01.check_ws_cycle(answer)
+    assert r.status == "failed" and words in getattr(r, field), r
+
+
+@pytest.mark.parametrize("course", [
+    answers.ws_cycle,
+    lambda w, act, psum, a, s: answers.ws_cycle(w, act, psum, a, s),
+    lambda w, act, psum, a, s: tuple(np.nan_to_num(getattr(systolic.simulate(
+        a, w[:a.shape[1]], *w.shape, trace=True).trace[w.shape[0] + s], f))
+        for f in ("horizontal", "vertical")),
+])
+def test_ws_cycle_refuses_the_course_step_and_the_simulator(course):
+    r = ch01.check_ws_cycle(course)
+    assert not r and "course's own function" in r.message
+
+
+def test_ws_cycle_fixed_to_the_notebooks_array_fails_unseen_arrays():
+    def four_rows(w, act, psum, a, s):  # loops over 4 rows whatever the array
+        x = np.zeros(4, act.dtype)
+        for r in range(min(4, a.shape[1])):
+            if 0 <= s - r < a.shape[0]:
+                x[r] = a[s - r, r]
+        act = np.hstack([x[:, None], act[:, :-1]])
+        return act, np.vstack([np.zeros((1, act.shape[1]), act.dtype), psum[:-1]]) + act * w
+
+    assert ch01.check_ws_cycle(four_rows)
+    graded = ch01.LAB.grade({"ws_cycle": four_rows}, seed=SEED)[0]
+    assert not graded and "does not show" in graded.message
+
+
+# -- Exercise 2 -------------------------------------------------------------------------
 
 def tiled(a, b, rows, cols, sim, transpose_first=False, accumulate=True, result=True):
     """The chapter's loop (n outer, k inner), with switches for the classic mistakes."""
@@ -98,12 +265,12 @@ def test_tiled_matmul_accepts_honest_answers_also_on_unseen_arrays(honest):
     assert ch01.check_tiled_matmul(honest)
     assert ch01.check_tiled_matmul(honest, rows=3, cols=5, shape=(7, 11, 12))
     assert ch01.check_tiled_matmul(honest, rows=4, cols=4, shape=(4, 8, 8))
-    graded = ch01.LAB.exercises[0].grade_hidden({"tiled_matmul": honest}, SEED)
+    graded = ch01.LAB.exercises[1].grade_hidden({"tiled_matmul": honest}, SEED)
     assert graded, graded
 
 
 def test_tiled_matmul_defaults_to_a_non_square_array_and_hides_non_square_ones():
-    ex = ch01.LAB.exercises[0]
+    ex = ch01.LAB.exercises[1]
     defaults = ex.check.__defaults__
     assert defaults[0] != defaults[1]  # rows != cols in the notebook's check
     for what, kw in ex.hidden(np.random.default_rng(SEED)):
@@ -225,11 +392,11 @@ def test_tiled_matmul_reveals_the_entry_and_the_tiling_after_an_attempt(capsys):
     r = ch01.check_tiled_matmul(_off_by_one_entry)
     assert not r and "[0,0]" in r.message and "(a @ b)[0, 0] = " in r.answer
     assert "a @ b[" not in r.answer
-    assert "(a @ b)[0, 0]" in checks.reveal("Exercise 1")
+    assert "(a @ b)[0, 0]" in checks.reveal("Exercise 2")
     r = ch01.check_tiled_matmul(_one_tile_then_matmul)
-    assert "tiles of b" in r.answer and "tiles of b" in checks.reveal("exercise 1")
-    assert ch01.check_tiled_matmul(NotWritten("Exercise 1")).status == "not written"
-    assert "after an attempt" in checks.reveal("Exercise 1")
+    assert "tiles of b" in r.answer and "tiles of b" in checks.reveal("exercise 2")
+    assert ch01.check_tiled_matmul(NotWritten("Exercise 2")).status == "not written"
+    assert "after an attempt" in checks.reveal("Exercise 2")
 
 
 def test_tiled_matmul_for_a_fixed_square_array_fails_the_unseen_arrays():
@@ -237,12 +404,12 @@ def test_tiled_matmul_for_a_fixed_square_array_fails_the_unseen_arrays():
         return tiled(a, b, 4, 3, lambda x, w, r, c: sim(x, w, rows, cols))
 
     assert ch01.check_tiled_matmul(fixed_four)  # right on the notebook's 4x3 array only
-    graded = ch01.LAB.grade({"tiled_matmul": fixed_four}, seed=SEED)[0]
+    graded = ch01.LAB.grade({"tiled_matmul": fixed_four}, seed=SEED)[1]
     assert not graded and "does not show (a " in graded.message and "non-square" in graded.message
     assert not graded.answer
 
 
-# -- Exercise 2 -------------------------------------------------------------------------
+# -- Exercise 3 -------------------------------------------------------------------------
 
 def truth():
     m, k, n = ch01.GEMM
@@ -288,31 +455,31 @@ def test_gemm_prediction_rejects_garbage_without_raising():
 def test_reveal_of_a_prediction_waits_for_a_compared_attempt(capsys):
     t = truth()
     ch01.check_gemm_prediction(NotWritten("Ex"), t[256], "256")
-    assert "after an attempt" in checks.reveal("Exercise 2")
+    assert "after an attempt" in checks.reveal("Exercise 3")
     ch01.check_gemm_prediction("3382", t[256], "256")
-    assert "could not be compared" in checks.reveal("exercise 2")
+    assert "could not be compared" in checks.reveal("exercise 3")
     ch01.check_gemm_prediction((1, 0.5), t[256], "256")
-    assert f"{t[128][0]:,} cycles" in checks.reveal("Exercise 2")
+    assert f"{t[128][0]:,} cycles" in checks.reveal("Exercise 3")
     ch01.check_stall(NotWritten("Ex"))
-    assert "after an attempt" in checks.reveal("Exercise 5")
+    assert "after an attempt" in checks.reveal("Exercise 6")
     ch01.check_stall(64.0)
-    assert "stops at 32" in checks.reveal("Exercise 5")
+    assert "stops at 32" in checks.reveal("Exercise 6")
 
 
 def test_a_prediction_is_graded_as_recorded_before_the_simulation_shows(capsys):
     t = truth()
     lab = ch01.LAB
-    assert not lab.predicted("Exercise 2")  # unsolved lab: nothing shown
+    assert not lab.predicted("Exercise 3")  # unsolved lab: nothing shown
     assert "once your prediction is recorded" in capsys.readouterr().out
-    lab.predict("Exercise 2", (1000, 0.5), t[256], "256x256")
-    assert lab.predicted("Exercise 2")  # the simulation is shown: locked
+    lab.predict("Exercise 3", (1000, 0.5), t[256], "256x256")
+    assert lab.predicted("Exercise 3")  # the simulation is shown: locked
     r = ch01.check_gemm_prediction(t[128], t[256], "256x256")  # edited after seeing it
     assert not r and "recorded before the measurement" in r.message
-    lab.predict("Exercise 5", 32.0)
-    assert lab.predicted("Exercise 5") and ch01.check_stall(32.0)
+    lab.predict("Exercise 6", 32.0)
+    assert lab.predicted("Exercise 6") and ch01.check_stall(32.0)
 
 
-# -- Exercise 3 -------------------------------------------------------------------------
+# -- Exercise 4 -------------------------------------------------------------------------
 
 def batch_closed_form(K, N, rows, cols):
     """Honest, not the course's: scan M < R, then solve the M >= R regime in closed form."""
@@ -363,7 +530,7 @@ def test_smallest_batch_accepts_honest_answers_also_on_unseen_layers(honest):
     for case in ch01.BATCH_CASES:
         assert honest(*case) == answers.smallest_batch(*case), case
     assert ch01.check_smallest_batch(honest)
-    graded = ch01.LAB.exercises[2].grade_hidden({"smallest_batch": honest}, SEED)
+    graded = ch01.LAB.exercises[3].grade_hidden({"smallest_batch": honest}, SEED)
     assert graded, graded
 
 
@@ -448,7 +615,7 @@ def test_smallest_batch_stops_an_endless_loop():
     assert not r and "more than" in r.message
 
 
-# -- Exercise 4 -------------------------------------------------------------------------
+# -- Exercise 5 -------------------------------------------------------------------------
 
 def best(M, K, N, R, C):
     """Honest, not the course's: each dataflow as (rows dim, cols dim, streamed, drain)."""
@@ -468,7 +635,7 @@ def best_words(M, K, N, R, C):
 @pytest.mark.parametrize("honest", [best, best_words])
 def test_best_dataflow_accepts_honest_answers_also_on_unseen_shapes(honest):
     assert ch01.check_best_dataflow(honest)
-    graded = ch01.LAB.exercises[3].grade_hidden({"best_dataflow": honest}, SEED)
+    graded = ch01.LAB.exercises[4].grade_hidden({"best_dataflow": honest}, SEED)
     assert graded, graded
 
 
@@ -477,7 +644,7 @@ def test_best_dataflow_cases_are_non_square_and_each_dataflow_wins():
     non_square = [c for c in ch01.DATAFLOW_CASES if c[3] != c[4]]
     assert {best(*c) for c in non_square} == {"ws", "is", "os"}
     for seed in range(5):
-        for what, kw in ch01.LAB.exercises[3].hidden(np.random.default_rng(seed)):
+        for what, kw in ch01.LAB.exercises[4].hidden(np.random.default_rng(seed)):
             (*_, r, c), = kw["cases"]
             assert r != c and "non-square" in what
 
@@ -523,7 +690,7 @@ def test_best_dataflow_names_each_mistake(answer, words):
 def test_best_dataflow_with_m_on_the_wrong_side_fails_unseen_shapes_too():
     wrong = _model(swap=("is",))
     for seed in range(3):
-        cases = ch01.LAB.exercises[3].hidden(np.random.default_rng([seed, 3]))
+        cases = ch01.LAB.exercises[4].hidden(np.random.default_rng([seed, 4]))
         assert any(not ch01.check_best_dataflow(wrong, **kw) for _, kw in cases)
 
 
@@ -547,10 +714,10 @@ def test_best_dataflow_refuses_running_systolic(course):
 def test_best_dataflow_rejects_garbage():
     r = ch01.check_best_dataflow(lambda *a: 3)
     assert not r and "not a dataflow" in r.message
-    assert ch01.check_best_dataflow(NotWritten("Exercise 4")).status == "not written"
+    assert ch01.check_best_dataflow(NotWritten("Exercise 5")).status == "not written"
 
 
-# -- Exercise 5 -------------------------------------------------------------------------
+# -- Exercise 6 -------------------------------------------------------------------------
 
 def test_stall_accepts_the_value_and_names_mistakes():
     assert ch01.check_stall(32.0) and ch01.check_stall(32) and ch01.check_stall(np.float32(32))
@@ -568,21 +735,22 @@ def test_stall_accepts_the_value_and_names_mistakes():
 
 def honest_namespace():
     t = truth()
-    return {"tiled_matmul": tiled_k_outer_padded, "predicted_128": t[128],
+    return {"ws_cycle": cycle_loops, "tiled_matmul": tiled_k_outer_padded, "predicted_128": t[128],
             "predicted_256": t[256], "finishes_first": "256x256",
             "smallest_batch": batch_closed_form, "best_dataflow": best, "predicted_stall": 32.0}
 
 
 def test_scorecard_of_an_empty_namespace_is_zero_and_of_honest_answers_full():
-    assert ch01.LAB.scorecard({}).total() == "Lab 1: 0 of 5 passed"
-    assert ch01.LAB.scorecard(honest_namespace()).total() == "Lab 1: 5 of 5 passed"
+    assert ch01.LAB.scorecard({}).total() == "Lab 1: 0 of 6 passed"
+    assert ch01.LAB.scorecard(honest_namespace()).total() == "Lab 1: 6 of 6 passed"
     graded = ch01.LAB.grade(honest_namespace(), seed=SEED)
     assert all(graded), graded
-    assert "unseen" in graded[0].message
+    assert "unseen" in graded[0].message and "unseen" in graded[1].message
 
 
 def test_the_course_answers_score_nothing_where_they_are_the_answer():
-    ns = honest_namespace() | {"smallest_batch": answers.smallest_batch,
+    ns = honest_namespace() | {"ws_cycle": answers.ws_cycle,
+                               "smallest_batch": answers.smallest_batch,
                                "best_dataflow": lambda *a: answers.best_dataflows(*a)[0]}
     statuses = [r.status for r in ch01.LAB.grade(ns)]
-    assert statuses == ["passed", "passed", "failed", "failed", "passed"]
+    assert statuses == ["failed", "passed", "passed", "failed", "failed", "passed"]

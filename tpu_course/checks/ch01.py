@@ -7,7 +7,8 @@ calls, those (or ``systolic.utilization`` and friends where they compute the exe
 result) is refused. A failure says what is wrong and what the mistake looks like; the
 expected value is shown only by ``checks.reveal("Exercise N")``. The exercises whose
 answer is a function are also graded on inputs the notebook never shows (``hidden=``):
-other shapes and non-square arrays.
+other shapes and non-square arrays. Exercise 1's cycle of the array is graded step by step
+against the registers the simulator records with ``trace=True``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from tpu_course import systolic
+from tpu_course.systolic import batched, engines
 from tpu_course.checks._answers import ch01 as _answers
 from tpu_course.checks._core import (
     CheckResult, Lab, Verdict, as_number, course_code_used, fail, ok, refuse,
@@ -31,19 +33,20 @@ from tpu_course.checks._core import (
 
 LAB = Lab(1, "The systolic array")
 
-EX1 = "Exercise 1 (tile a large matmul)"
-EX2 = "Exercise 2 (predict a GEMM on two arrays)"
-EX3 = "Exercise 3 (the smallest batch that fills the array)"
-EX4 = "Exercise 4 (choose the dataflow)"
-EX5 = "Exercise 5 (where a bf16 sum stalls)"
+EX1 = "Exercise 1 (one cycle of the array)"
+EX2 = "Exercise 2 (tile a large matmul)"
+EX3 = "Exercise 3 (predict a GEMM on two arrays)"
+EX4 = "Exercise 4 (the smallest batch that fills the array)"
+EX5 = "Exercise 5 (choose the dataflow)"
+EX6 = "Exercise 6 (where a bf16 sum stalls)"
 
-#: Exercise 2's GEMM: C[M x N] = A[M x K] @ B[K x N], on a 128x128 and a 256x256 array.
+#: Exercise 3's GEMM: C[M x N] = A[M x K] @ B[K x N], on a 128x128 and a 256x256 array.
 GEMM = (200, 384, 640)
-#: Exercise 5: the value added again and again to a bf16 running sum.
+#: Exercise 6: the value added again and again to a bf16 running sum.
 STALL_TERM = 0.1
 
 #: The systolic helpers that compute a cycle count or a utilisation: not answers to
-#: Exercises 3 and 4, which ask for that reasoning.
+#: Exercises 4 and 5, which ask for that reasoning.
 _CYCLE_HELPERS = (systolic.cycle_count, systolic.utilization, systolic.closed_form_cycles)
 
 
@@ -74,6 +77,265 @@ def _non_square(rng: np.random.Generator, low: int = 2, high: int = 6) -> tuple[
 
 
 # -- Exercise 1 ------------------------------------------------------------------------
+
+#: How the left edge can be fed wrong (row k's index into a at stream cycle s), and the
+#: hint that names each mistake.
+_FEEDS: dict[str, tuple[Callable[[int, int, int], int], str]] = {
+    "right": (lambda s, k, rows: s - k, ""),
+    "no skew": (lambda s, k, rows: s, (
+        "no skew: every row of the array got row s of a in the same cycle. Row k's edge "
+        "buffer starts k cycles late, so that an activation meets the partial sum coming "
+        "down from the row above")),
+    "reversed": (lambda s, k, rows: s - (rows - 1 - k), (
+        "the skew runs the wrong way: row 0 starts first and row k starts k cycles after it")),
+    "late": (lambda s, k, rows: s - k - 1, (
+        "off by one cycle: your activations enter one cycle late (at stream cycle s = 0, "
+        "a[0, 0] is already in cell (0, 0))")),
+    "early": (lambda s, k, rows: s - k + 1, (
+        "off by one cycle: your activations enter one cycle early (at stream cycle s = 0 "
+        "only a[0, 0] has entered)")),
+    "load counted": (lambda s, k, rows: s - rows - k, (
+        "s counts the cycles since the stream began: the R cycles of the weight load are "
+        "not in it")),
+    "wraps": (lambda s, k, rows: s - k, (
+        "before a row's first activation its edge feeds 0: with s - k < 0, a[s - k] reads "
+        "a row from the end of a (a negative index wraps around)")),
+    "clipped": (lambda s, k, rows: s - k, (
+        "outside 0 <= s - k < M the edge feeds 0, not the first or last row of a again")),
+}
+
+#: How the activations can be moved wrong, given the edge's vector x.
+_SHIFTS: dict[str, tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], str]] = {
+    "right": (lambda act, x: np.hstack([x[:, None], act[:, :-1]]), ""),
+    "left": (lambda act, x: np.hstack([x[:, None], act[:, 2:], act[:, :1]])
+             if act.shape[1] > 1 else x[:, None], (
+        "the activations move the wrong way: each cycle column j takes what column j - 1 "
+        "held (they move right), and the edge feeds column 0")),
+    "from the right": (lambda act, x: np.hstack([act[:, 1:], x[:, None]]), (
+        "the activations enter at the right edge and move left: they enter at column 0 and "
+        "move one column right per cycle")),
+    "broadcast": (lambda act, x: np.repeat(x[:, None], act.shape[1], axis=1), (
+        "every column got the edge's value in the same cycle: an activation moves one "
+        "column per cycle, so column j sees it j cycles after column 0")),
+    "stays": (lambda act, x: np.hstack([x[:, None], act[:, 1:]]), (
+        "the activations do not move: each cycle column j takes what column j - 1 held")),
+}
+
+#: How the partial sums can be updated wrong: (previous sums, new activations, previous
+#: activations, weights) -> new sums.
+_Psum = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def _down(psum: np.ndarray) -> np.ndarray:
+    return np.vstack([np.zeros_like(psum[:1]), psum[:-1]])
+
+
+_PSUMS: dict[str, tuple[_Psum, str]] = {
+    "right": (lambda p, act, old, w: _down(p) + act * w, ""),
+    "stays": (lambda p, act, old, w: p + act * w, (
+        "partial sums not passed down: each cell adds its product to the sum the cell "
+        "above held in the previous cycle, not to its own")),
+    "fresh": (lambda p, act, old, w: act * w, (
+        "partial sums not passed down: a cell's new sum is the sum from the cell above "
+        "plus its own product, not its product alone")),
+    "up": (lambda p, act, old, w: np.vstack([p[1:], np.zeros_like(p[:1])]) + act * w, (
+        "the partial sums move up: they move down one row per cycle, row 0 starting from 0")),
+    "wraps": (lambda p, act, old, w: np.roll(p, 1, axis=0) + act * w, (
+        "the partial sums wrap around (np.roll?): row 0 starts from 0 every cycle, and the "
+        "bottom row's sums leave the array")),
+    "old activations": (lambda p, act, old, w: _down(p) + old * w, (
+        "the product used the activation from before it moved: move the activations "
+        "first, then multiply what is in the cell now")),
+}
+
+
+def _edge(a: np.ndarray, s: int, rows: int, feed: str = "right") -> np.ndarray:
+    """The vector entering the left edge at stream cycle ``s``, fed right or as ``feed``
+    mistakes it."""
+    m, k = a.shape
+    index = _FEEDS[feed][0]
+    x = np.zeros(rows, a.dtype)
+    for r in range(min(rows, k)):
+        i = index(s, r, rows)
+        if feed == "wraps" and -m <= i < m:
+            x[r] = a[i, r]
+        elif feed == "clipped":
+            x[r] = a[min(max(i, 0), m - 1), r]
+        elif 0 <= i < m:
+            x[r] = a[i, r]
+    return x
+
+
+def _trace_registers(a: np.ndarray, b: np.ndarray, rows: int, cols: int
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The simulator's activation and partial-sum registers at the end of each stream
+    cycle of one fold (the stream starts after the ``rows`` load cycles); an empty
+    register holds 0."""
+    run = systolic.simulate(a, b, rows, cols, trace=True)
+    return [(np.nan_to_num(f.horizontal).astype(np.int64), np.nan_to_num(f.vertical).astype(np.int64))
+            for f in run.trace[rows:]]
+
+
+def _registers(got: Any, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """The learner's ``(act, psum)`` as two rows x cols arrays, or a failure saying what
+    came back."""
+    if got is None:
+        refuse(EX1, "your function returned None", hint="return both registers: (act, psum)")
+    if isinstance(got, np.ndarray) or not isinstance(got, (tuple, list)):
+        refuse(EX1, f"your function returned one {type(got).__name__}, not two registers",
+               hint="return both registers: return act, psum")
+    if len(got) != 2:
+        refuse(EX1, f"your function returned {len(got)} values, not two registers",
+               hint="return both registers: return act, psum")
+    out = []
+    for name, value in zip(("act", "psum"), got):
+        try:
+            arr = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            refuse(EX1, f"the {name} you returned is not an array of numbers",
+                   hint="return two numpy arrays of the array's shape, rows x cols")
+        if arr.shape != (rows, cols):
+            refuse(EX1, f"the {name} you returned has shape {arr.shape}, but the array is "
+                        f"{rows}x{cols} (rows x cols)",
+                   hint=("that is the array transposed: rows (the first axis) are the array's "
+                         "rows, where a's columns enter" if arr.shape == (cols, rows) else
+                         "the registers have one entry per cell: w.shape"))
+        out.append(arr)
+    return out[0], out[1]
+
+
+def _step(ws_cycle: Callable[..., Any], w: np.ndarray, act: np.ndarray, psum: np.ndarray,
+          a: np.ndarray, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """The learner's step on copies of its inputs (it may change them in place)."""
+    rows, cols = w.shape
+    try:
+        got = ws_cycle(w.copy(), act.copy(), psum.copy(), a.copy(), s)
+    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything
+        if isinstance(err, (Verdict, NotImplementedError)):
+            raise
+        short = a.shape[1] < rows
+        refuse(EX1, f"at stream cycle {s} your function raised {type(err).__name__}: "
+                    f"{str(err)[:200]}",
+               hint=("a has K columns, fewer than the array's rows: rows k >= K of the edge "
+                     "feed 0 (the weights there are padding)" if short and isinstance(
+                         err, (IndexError, ValueError)) else
+                     "before the stream reaches a row, and after it has passed, that row's "
+                     "edge feeds 0: index a only where 0 <= s - k < M"
+                     if isinstance(err, IndexError) else
+                     "run it by hand on the chapter's registers and look at what it returns"))
+    return _registers(got, rows, cols)
+
+
+def _diagnose(got: list[tuple[np.ndarray, np.ndarray]], want: list[tuple[np.ndarray, np.ndarray]],
+              a: np.ndarray, w: np.ndarray) -> list[str]:
+    """Named mistakes that explain every step the learner returned: one for the
+    activations, one for the partial sums (each given the simulator's registers)."""
+    rows = w.shape[0]
+    zero = np.zeros_like(w)
+    prev = [(zero, zero), *want[:-1]]
+    hints = []
+    act_ok = all(np.array_equal(g[0], t[0]) for g, t in zip(got, want))
+    if not act_ok:
+        named = ""
+        for feed, (_, feed_hint) in _FEEDS.items():
+            for shift, (move, shift_hint) in _SHIFTS.items():
+                if (feed, shift) == ("right", "right"):
+                    continue
+                if all(np.array_equal(g[0], move(p[0], _edge(a, s, rows, feed)))
+                       for s, (g, p) in enumerate(zip(got, prev))):
+                    named = "; and ".join(h for h in (feed_hint, shift_hint) if h)
+                    break
+            if named:
+                break
+        hints.append(named or "row k of the left edge gets a[s - k, k] at stream cycle s (0 "
+                              "before and after the stream), and every activation moves one "
+                              "column right per cycle")
+    if not all(np.array_equal(g[1], t[1]) for g, t in zip(got, want)):
+        named = ""
+        for name, (update, hint) in _PSUMS.items():
+            if all(np.array_equal(g[1], update(p[1], g[0], p[0], w))
+                   for g, p in zip(got, prev)):
+                named = hint
+                break
+        if named or act_ok:  # otherwise the sums are wrong because the activations are
+            hints.append(named or "each cell's new partial sum is the sum the cell above "
+                                  "held in the previous cycle (0 for row 0) plus its "
+                                  "activation times its weight")
+    return hints
+
+
+@LAB.exercise(EX1, minutes=15, kind="write", hidden=lambda rng: _ex1_hidden(rng))
+def check_ws_cycle(ws_cycle: Callable[..., Any], rows: int = 4, cols: int = 3,
+                   shape: tuple[int, int, int] = (5, 3, 3), seed: int = 0) -> CheckResult:
+    """Exercise 1: ``ws_cycle(w, act, psum, a, s)`` moves the registers of the
+    weight-stationary array one cycle (stream cycle ``s``), graded step by step against
+    the registers of ``systolic.simulate(..., trace=True)``."""
+    refuse_course_code(EX1, ws_cycle, _answers.ws_cycle, systolic.simulate,
+                       systolic.reference_matmul, engines.skewed_feed, engines.run_stationary,
+                       batched.run_stationary)
+    m, k, n = shape
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(1, 10, (m, k)), rng.integers(1, 10, (k, n))
+    w = np.zeros((rows, cols), np.int64)
+    w[:k, :n] = b
+    want = _trace_registers(a, b, rows, cols)
+    zero = np.zeros((rows, cols), np.int64)
+    prev = [(zero, zero), *want[:-1]]
+    where = f"a {m}x{k} @ {k}x{n} product on a {rows}x{cols} array"
+    got = [_step(ws_cycle, w, p[0], p[1], a, s) for s, p in enumerate(prev)]
+    for s, ((ga, gp), (ta, tp)) in enumerate(zip(got, want)):
+        if np.array_equal(ga, ta) and np.array_equal(gp, tp):
+            continue
+        answer = (f"at the end of stream cycle {s} ({where}) the simulator holds activations "
+                  f"{ta.tolist()} and partial sums {tp.tolist()}")
+        if np.array_equal(ga, tp) and np.array_equal(gp, ta):
+            refuse(EX1, f"at stream cycle {s} your registers come back in the wrong order",
+                   hint="return act, psum: the activations first", answer=answer)
+        which = [name for name, g, t in (("activations", ga, ta), ("partial sums", gp, tp))
+                 if not np.array_equal(g, t)]
+        cells = np.argwhere((ga != ta) | (gp != tp))
+        refuse(EX1, f"at stream cycle {s} of {where}, from the simulator's registers of the "
+                    f"cycle before, your step returns {' and '.join(which)} that differ from "
+                    f"the simulator's trace in {len(cells)} of {rows * cols} cells, the first "
+                    f"at cell ({cells[0][0]}, {cells[0][1]})",
+               hint="; ".join(_diagnose(got, want, a, w)), answer=answer)
+    order = np.random.default_rng(seed + 1).permutation(len(prev))
+    for s in order[:4]:
+        again = _step(ws_cycle, w, *prev[s], a, int(s))
+        if not (np.array_equal(again[0], got[s][0]) and np.array_equal(again[1], got[s][1])):
+            refuse(EX1, f"called again for stream cycle {s} out of order, your step returns "
+                        "other registers: it depends on something besides its arguments",
+                   hint="compute the cycle from w, act, psum, a and s alone (no counter or "
+                        "global state between calls)")
+    cycles = rows + len(want)
+    return ok(EX1, f"every activation and partial sum matches the simulator's trace in all "
+                   f"{len(want)} stream cycles of {where}: the last result leaves the "
+                   f"bottom-right cell at the end of cycle {cycles - 1}, so the run takes "
+                   f"R + M + R + C - 2 = {cycles} cycles")
+
+
+def _ex1_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
+    """Other small arrays: tall and wide non-square ones, a batch shorter than the array
+    on a square one, and tiles of b smaller than the array (padding)."""
+    cases = []
+    rows, cols = _non_square(rng, 2, 5)
+    rows, cols = max(rows, cols), min(rows, cols)
+    cases.append((f"a tall non-square {rows}x{cols} array",
+                  {"rows": rows, "cols": cols, "seed": int(rng.integers(1 << 30)),
+                   "shape": (int(rng.integers(rows, rows + 4)), rows, cols)}))
+    rows, cols = _non_square(rng, 2, 6)
+    rows, cols = min(rows, cols), max(rows, cols)
+    cases.append((f"a wide non-square {rows}x{cols} array holding a smaller tile of b",
+                  {"rows": rows, "cols": cols, "seed": int(rng.integers(1 << 30)),
+                   "shape": (int(rng.integers(2, 7)), max(1, rows - 1), cols - 1)}))
+    side = int(rng.integers(3, 6))
+    cases.append((f"a batch shorter than a square {side}x{side} array",
+                  {"rows": side, "cols": side, "seed": int(rng.integers(1 << 30)),
+                   "shape": (int(rng.integers(1, side)), side, int(rng.integers(2, side + 1)))}))
+    return cases
+
+
+# -- Exercise 2 ------------------------------------------------------------------------
 
 
 def _distinct(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
@@ -124,7 +386,7 @@ class _Sim:
         self.blocks: list[tuple[int, int, int, int]] = []
 
     def _refuse(self, message: str, hint: str) -> None:
-        refuse(EX1, message, hint=hint, answer=self.tiling)
+        refuse(EX2, message, hint=hint, answer=self.tiling)
 
     def __call__(self, x: Any, w: Any, *args: Any, **kwargs: Any) -> systolic.SystolicRun:
         rows, cols = self.rows, self.cols
@@ -188,22 +450,22 @@ class _Sim:
 def _as_product(got: Any, m: int, k: int, n: int) -> np.ndarray:
     """The learner's return value as an M x N array, or a failure that says what it is."""
     if isinstance(got, systolic.SystolicRun):
-        refuse(EX1, "you returned a SystolicRun, not the product matrix",
+        refuse(EX2, "you returned a SystolicRun, not the product matrix",
                hint="return the assembled output array; a run's product is run.result")
     if got is None:
-        refuse(EX1, "your function returned None", hint="return the output array")
+        refuse(EX2, "your function returned None", hint="return the output array")
     try:
         got = np.asarray(got)
     except (TypeError, ValueError) as err:
-        refuse(EX1, f"your result is not an array of numbers ({err})",
+        refuse(EX2, f"your result is not an array of numbers ({err})",
                hint="assemble one (M x N) array from the tiles' run.result")
     if got.dtype == object:
-        refuse(EX1, "your result is not an array of numbers (a list of runs or tiles?)",
+        refuse(EX2, "your result is not an array of numbers (a list of runs or tiles?)",
                hint="assemble one (M x N) array from the tiles' run.result")
     if got.shape != (m, n):
         hint = ("that is the shape of b.T @ a.T: a transposed result" if got.shape == (n, m)
                 else "padding left in? slice the edge tiles back to their real size")
-        refuse(EX1, f"result shape {got.shape}, but a ({m}x{k}) @ ({k}x{n}) product is {m}x{n}",
+        refuse(EX2, f"result shape {got.shape}, but a ({m}x{k}) @ ({k}x{n}) product is {m}x{n}",
                hint=hint)
     return got
 
@@ -214,16 +476,16 @@ def _run_tiled(tiled_matmul: Callable[..., Any], a: np.ndarray, b: np.ndarray,
         return tiled_matmul(a, b, sim.rows, sim.cols, sim)
     except TypeError as err:
         if any(word in str(err) for word in ("SystolicRun", "dtype('O')", "object")):
-            refuse(EX1, f"your code raised TypeError: {str(err)[:200]}",
+            refuse(EX2, f"your code raised TypeError: {str(err)[:200]}",
                    hint="sim(...) returns a SystolicRun (cycles, utilisation, ...); the "
                         "product itself is its .result")
         raise
 
 
-@LAB.exercise(EX1, minutes=25, kind="write", hidden=lambda rng: _ex1_hidden(rng))
+@LAB.exercise(EX2, minutes=25, kind="write", hidden=lambda rng: _ex2_hidden(rng))
 def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: int = 3,
                        shape: tuple[int, int, int] = (10, 13, 11), seed: int = 1) -> CheckResult:
-    """Exercise 1: ``tiled_matmul(a, b, rows, cols, sim)`` must compute ``a @ b`` by calling
+    """Exercise 2: ``tiled_matmul(a, b, rows, cols, sim)`` must compute ``a @ b`` by calling
     ``sim`` (a stand-in for ``systolic.simulate``) on tiles of ``b`` that fit the array:
     every product through ``sim``, once, and the output assembled from the runs' results."""
     m, k, n = shape
@@ -239,7 +501,7 @@ def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: in
     size = f"{m}x{k} @ {k}x{n} on a {rows}x{cols} array"
     if not sim.blocks:
         whole = course_code_used(tiled_matmul, [systolic.simulate, systolic.reference_matmul])
-        refuse(EX1, "your function never called sim(...)",
+        refuse(EX2, "your function never called sim(...)",
                hint="call the sim you are given on each tile yourself: systolic's own "
                     "functions do the tiling for you, which is this exercise" if whole else
                     "multiply each tile on the array with the sim you are given, "
@@ -251,7 +513,7 @@ def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: in
         last = a[:, kts[-1]:] @ b[kts[-1]:, :]
         first = a[:, :rows] @ b[:rows, :]
         if np.array_equal(got, last) or np.array_equal(got, first):
-            refuse(EX1, "only one K tile's partial sums are in the result",
+            refuse(EX2, "only one K tile's partial sums are in the result",
                    hint="the K tiles of one output block add up: out[...] += ..., not =",
                    answer=tiling)
     if len(missing):
@@ -260,19 +522,19 @@ def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: in
         done = 1 - len(missing) / sim.count.size
         start = ("your result is right, but not every product went through sim" if right
                  else "sim never multiplied part of the problem")
-        refuse(EX1, f"{start}: it did {done:.0%} of the products, and never b[{kk}, {nn}] "
+        refuse(EX2, f"{start}: it did {done:.0%} of the products, and never b[{kk}, {nn}] "
                     f"(in the tile b[{_span(k0, rows)}, {_span(n0, cols)}])",
                hint="every product goes through sim, tile by tile: loop over every (k-tile, "
                     "n-tile) of b, ceil(K/rows) x ceil(N/cols) of them; do not finish with "
                     "a @ b", answer=tiling)
     if len(repeated):
         _, kk, nn = (int(v) for v in repeated[0])
-        refuse(EX1, f"sim multiplied some products more than once (b[{kk}, {nn}] among them)",
+        refuse(EX2, f"sim multiplied some products more than once (b[{kk}, {nn}] among them)",
                hint="each (k-tile, n-tile) of b goes through sim once: do the loops step by "
                     "rows (over K) and by cols (over N)?", answer=tiling)
     if not right:
         i, j = (int(v) for v in np.argwhere(got != want)[0])
-        refuse(EX1, f"{int(np.sum(got != want))} of {want.size} entries differ, the first at "
+        refuse(EX2, f"{int(np.sum(got != want))} of {want.size} entries differ, the first at "
                     f"[{i},{j}]",
                hint="check where each tile's result goes in the output: rows of a, columns "
                     "n0:n0+cols", answer=f"(a @ b)[{i}, {j}] = {want[i, j]}, you have {got[i, j]}")
@@ -282,7 +544,7 @@ def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: in
     except Exception as err:  # noqa: BLE001 - the learner's code may raise anything
         if isinstance(err, Verdict):
             raise
-        refuse(EX1, f"your function raised {type(err).__name__} when the check ran it a second "
+        refuse(EX2, f"your function raised {type(err).__name__} when the check ran it a second "
                     "time with sim's results marked (each one plus 1), to see that your output "
                     "is assembled from them", hint="do not compare sim's results with a @ b "
                     "inside your function: the check does that")
@@ -291,17 +553,17 @@ def check_tiled_matmul(tiled_matmul: Callable[..., Any], rows: int = 4, cols: in
         expect[i0:i0 + mh, n0:n0 + nw] += 1
     if not np.array_equal(again, expect):
         whole = np.array_equal(again, want)
-        refuse(EX1, "your result does not come from sim's runs: " + (
+        refuse(EX2, "your result does not come from sim's runs: " + (
             "the runs' .result are not in it (the product was computed some other way)"
             if whole else "some output entries were not assembled from them"),
             hint="assemble the output from each tile's run.result, the product the array "
                  "computed; do not recompute it with a @ b", answer=tiling)
     need = kt * nt
-    return ok(EX1, f"matches a @ b for {size}, every product done on the array by sim "
+    return ok(EX2, f"matches a @ b for {size}, every product done on the array by sim "
                    f"({len(sim.blocks)} tile runs; the fewest is {need})")
 
 
-def _ex1_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
+def _ex2_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
     """Other shapes on non-square arrays: wider than tall, taller than wide, and a
     product whose K and N are whole multiples of the array."""
     cases = []
@@ -321,17 +583,17 @@ def _ex1_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
-# -- Exercise 2 ------------------------------------------------------------------------
+# -- Exercise 3 ------------------------------------------------------------------------
 
 
 def _pair(value: Any, side: int) -> tuple[float, float]:
     what = f"predicted_{side}"
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        refuse(EX2, f"{what} should be a pair (cycles, utilisation), but it is "
+        refuse(EX3, f"{what} should be a pair (cycles, utilisation), but it is "
                     f"{type(value).__name__}: {value!r:.60}",
                hint=f"predicted_{side} = (cycles, utilisation), e.g. (1000, 0.5)")
-    cycles = as_number(EX2, value[0], f"the cycle count in {what}")
-    util = as_number(EX2, value[1], f"the utilisation in {what}")
+    cycles = as_number(EX3, value[0], f"the cycle count in {what}")
+    util = as_number(EX3, value[1], f"the utilisation in {what}")
     return cycles, util
 
 
@@ -349,10 +611,10 @@ def _side(value: Any) -> int | None:
     return has.pop() if len(has) == 1 else None
 
 
-@LAB.exercise(EX2, minutes=15, kind="predict")
+@LAB.exercise(EX3, minutes=15, kind="predict")
 def check_gemm_prediction(predicted_128: Any, predicted_256: Any, finishes_first: Any,
                           shape: tuple[int, int, int] = GEMM, rel: float = 0.05) -> CheckResult:
-    """Exercise 2: (cycles, utilisation) predicted for ``shape`` on a 128x128 and a 256x256
+    """Exercise 3: (cycles, utilisation) predicted for ``shape`` on a 128x128 and a 256x256
     weight-stationary array, and which finishes first, against ``systolic.simulate``.
     Cycles and utilisation pass within ``rel`` (5 %)."""
     m, k, n = shape
@@ -375,11 +637,11 @@ def check_gemm_prediction(predicted_128: Any, predicted_256: Any, finishes_first
             else:
                 hint = ("count the folds first: ceil(K/R) * ceil(N/C); then one weight load, "
                         "(F - 1) * max(M, R) and one fold's stream M + R + C - 2")
-            refuse(EX2, f"your cycle count for the {side}x{side} array is "
+            refuse(EX3, f"your cycle count for the {side}x{side} array is "
                         f"{abs(cyc / run.cycles - 1):.0%} off the simulator's "
                         f"(tolerance {rel:.0%})", hint=hint, answer=answer)
         if util > 1 and util <= 100 and math.isclose(util / 100, run.utilization, rel_tol=rel):
-            refuse(EX2, f"your utilisation for {side}x{side} looks like a percentage",
+            refuse(EX3, f"your utilisation for {side}x{side} looks like a percentage",
                    hint="give it as a fraction between 0 and 1", answer=answer)
         if not math.isclose(util, run.utilization, rel_tol=rel):
             padded = (m * math.ceil(k / side) * side * math.ceil(n / side) * side
@@ -387,24 +649,24 @@ def check_gemm_prediction(predicted_128: Any, predicted_256: Any, finishes_first
             hint = ("you counted the padded MACs as useful: only M*K*N are"
                     if math.isclose(util, padded, rel_tol=rel) else
                     "utilisation = M*K*N useful MACs / (cells * cycles)")
-            refuse(EX2, f"your utilisation for the {side}x{side} array is off the "
+            refuse(EX3, f"your utilisation for the {side}x{side} array is off the "
                         f"simulator's by more than {rel:.0%}", hint=hint, answer=answer)
     side = _side(finishes_first)
     if side is None:
-        refuse(EX2, f"finishes_first should name one array, 128 or 256; you gave "
+        refuse(EX3, f"finishes_first should name one array, 128 or 256; you gave "
                     f"{finishes_first!r:.40}", hint='finishes_first = "256x256" (or 128x128)')
     if side != faster:
-        refuse(EX2, f"the {side}x{side} array does not finish first",
+        refuse(EX3, f"the {side}x{side} array does not finish first",
                hint="compare your two cycle counts", answer=answer)
     slow = 384 - faster
-    return ok(EX2, f"{answer}. Your predictions are within {rel:.0%} of the simulator: the "
+    return ok(EX3, f"{answer}. Your predictions are within {rel:.0%} of the simulator: the "
                    f"bigger array wins on time ({runs[slow].cycles / runs[faster].cycles:.2f}x "
                    "fewer cycles with 4x the cells) and loses on utilisation")
 
 
-# -- Exercise 3 ------------------------------------------------------------------------
+# -- Exercise 4 ------------------------------------------------------------------------
 
-#: Exercise 3's cases (K, N, rows, cols): many folds, one fold, a v6e-sized array, a layer
+#: Exercise 4's cases (K, N, rows, cols): many folds, one fold, a v6e-sized array, a layer
 #: whose padding alone wastes more than 10 %, and a non-square array.
 BATCH_CASES = ((1024, 1024, 128, 128), (128, 128, 128, 128), (4096, 4096, 256, 256),
                (100, 1024, 128, 128), (1000, 2048, 128, 256))
@@ -451,13 +713,13 @@ def _batch_mistake(number: float, K: int, N: int, r: int, c: int, want: int) -> 
             "(careful: max(M, R) between folds), and solve for >= 0.9")
 
 
-@LAB.exercise(EX3, minutes=15, kind="transfer", hidden=lambda rng: _ex3_hidden(rng))
+@LAB.exercise(EX4, minutes=15, kind="transfer", hidden=lambda rng: _ex4_hidden(rng))
 def check_smallest_batch(smallest_batch: Callable[..., Any],
                          cases: tuple[tuple[int, int, int, int], ...] = BATCH_CASES,
                          time_limit_s: float = 20.0) -> CheckResult:
-    """Exercise 3: ``smallest_batch(K, N, rows, cols)`` is the smallest batch M for which a
+    """Exercise 4: ``smallest_batch(K, N, rows, cols)`` is the smallest batch M for which a
     K x N weight matrix keeps the array at least 90 % busy, or None if no M does."""
-    refuse_course_code(EX3, smallest_batch, _answers.smallest_batch, *_CYCLE_HELPERS)
+    refuse_course_code(EX4, smallest_batch, _answers.smallest_batch, *_CYCLE_HELPERS)
     for case in cases:
         K, N, r, c = case
         want = _answers.smallest_batch(K, N, r, c)
@@ -466,20 +728,20 @@ def check_smallest_batch(smallest_batch: Callable[..., Any],
             with _time_limit(time_limit_s):
                 got = smallest_batch(K, N, r, c)
         except TimeoutError:
-            refuse(EX3, f"for {where} your function ran for more than {time_limit_s:g} s",
+            refuse(EX4, f"for {where} your function ran for more than {time_limit_s:g} s",
                    hint="can every layer reach 90 %? Padding K or N up to the array size is "
                         "waste that no batch size removes: return None then")
         answer = f"{where}: {want}"
         if want is None:
             if got is None:
                 continue
-            refuse(EX3, f"for {where} you returned {got!r:.40}, but no batch gets there",
+            refuse(EX4, f"for {where} you returned {got!r:.40}, but no batch gets there",
                    hint="K and N are padded to multiples of the array size: what is the "
                         "utilisation with an endless batch?", answer=answer)
         if got is None:
-            refuse(EX3, f"for {where} you returned None, but some batch does reach 90 %",
+            refuse(EX4, f"for {where} you returned None, but some batch does reach 90 %",
                    hint="utilisation grows with M; look further", answer=answer)
-        number = as_number(EX3, got, f"the batch for {where}")
+        number = as_number(EX4, got, f"the batch for {where}")
         if number == want:
             continue
         util = systolic.utilization(max(1, int(number)), K, N, r, c)
@@ -488,14 +750,14 @@ def check_smallest_batch(smallest_batch: Callable[..., Any],
                    "(simulate it to see)")
         else:
             msg = f"for {where} a smaller batch than {number:g} already reaches 90 %"
-        refuse(EX3, msg, hint=_batch_mistake(number, K, N, r, c, want), answer=answer)
+        refuse(EX4, msg, hint=_batch_mistake(number, K, N, r, c, want), answer=answer)
     answers = ", ".join(f"{_answers.smallest_batch(*cs)}" for cs in cases)
-    return ok(EX3, f"right for all {len(cases)} layers (batches {answers}): one fold needs a "
+    return ok(EX4, f"right for all {len(cases)} layers (batches {answers}): one fold needs a "
                    "batch in the thousands to hide the pipeline's fill, many folds need about "
                    "the array's height, and padding can waste more than any batch recovers")
 
 
-def _ex3_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
+def _ex4_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
     """Other layers on other arrays: many folds and one fold on non-square arrays, and a
     layer whose K is padded a lot."""
     arrays = ((128, 256), (256, 128), (64, 128), (128, 64))
@@ -516,9 +778,9 @@ def _ex3_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
-# -- Exercise 4 ------------------------------------------------------------------------
+# -- Exercise 5 ------------------------------------------------------------------------
 
-#: Exercise 4's shapes (M, K, N, rows, cols): each dataflow wins on a non-square array,
+#: Exercise 5's shapes (M, K, N, rows, cols): each dataflow wins on a non-square array,
 #: where it matters which dimension lies along the rows, and on a square one.
 DATAFLOW_CASES = ((384, 640, 192, 256, 128), (96, 640, 192, 128, 256),
                   (1536, 16, 384, 256, 128), (96, 1000, 700, 128, 128),
@@ -583,14 +845,14 @@ def _dataflow_hint(chosen: list[tuple[tuple[int, int, int, int, int], str]]) -> 
             "drain for 'os')")
 
 
-@LAB.exercise(EX4, minutes=15, kind="transfer", hidden=lambda rng: _ex4_hidden(rng))
+@LAB.exercise(EX5, minutes=15, kind="transfer", hidden=lambda rng: _ex5_hidden(rng))
 def check_best_dataflow(best_dataflow: Callable[..., Any],
                         cases: tuple[tuple[int, int, int, int, int], ...] = DATAFLOW_CASES
                         ) -> CheckResult:
-    """Exercise 4: ``best_dataflow(M, K, N, rows, cols)`` returns the dataflow ('ws', 'is'
+    """Exercise 5: ``best_dataflow(M, K, N, rows, cols)`` returns the dataflow ('ws', 'is'
     or 'os') with the fewest cycles (``timing="tpu"``); on a tie any of the tied ones.
     Derived from the cycle model, not by running ``systolic``."""
-    refuse_course_code(EX4, best_dataflow, _answers.best_dataflows, _answers.dataflow_cycles,
+    refuse_course_code(EX5, best_dataflow, _answers.best_dataflows, _answers.dataflow_cycles,
                        *_CYCLE_HELPERS, systolic.fold_count, systolic.simulate)
     chosen = []
     for case in cases:
@@ -600,7 +862,7 @@ def check_best_dataflow(best_dataflow: Callable[..., Any],
             key = next((v for w, v in _DATAFLOW_WORDS.items() if w in key), None)
         if key is None:
             m, k, n, r, c = case
-            refuse(EX4, f"for M={m}, K={k}, N={n} on {r}x{c} you returned {got!r:.40}, not a "
+            refuse(EX5, f"for M={m}, K={k}, N={n} on {r}x{c} you returned {got!r:.40}, not a "
                         "dataflow", hint="return one of the strings 'ws', 'is', 'os'")
         chosen.append((case, key))
     for (m, k, n, r, c), key in chosen:
@@ -608,15 +870,15 @@ def check_best_dataflow(best_dataflow: Callable[..., Any],
             continue
         counts = _answers.dataflow_cycles(m, k, n, r, c)
         where = f"M={m}, K={k}, N={n} on {r}x{c}"
-        refuse(EX4, f"for {where}, {key!r} takes {counts[key] / min(counts.values()) - 1:.0%} "
+        refuse(EX5, f"for {where}, {key!r} takes {counts[key] / min(counts.values()) - 1:.0%} "
                     "more cycles than the best dataflow", hint=_dataflow_hint(chosen),
                answer=f"{where}: " + ", ".join(f"{d} {v:,}" for d, v in counts.items()))
-    return ok(EX4, f"the fastest dataflow on all {len(cases)} shapes: the dimension that "
+    return ok(EX5, f"the fastest dataflow on all {len(cases)} shapes: the dimension that "
                    "streams should be the long one, and the stationary ones should fill the "
                    "array, along the side that fits them")
 
 
-def _ex4_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
+def _ex5_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
     """Other shapes on non-square arrays, each with one clear winner that a mistaken
     reading of the dataflow table gets wrong: the first one input-stationary with M on the
     wrong side, the others a different winner each where possible."""
@@ -649,17 +911,17 @@ def _best(counts: dict[str, int]) -> list[str]:
     return [d for d, v in counts.items() if v == min(counts.values())]
 
 
-# -- Exercise 5 ------------------------------------------------------------------------
+# -- Exercise 6 ------------------------------------------------------------------------
 
 
-@LAB.exercise(EX5, minutes=10, kind="predict")
+@LAB.exercise(EX6, minutes=10, kind="predict")
 def check_stall(predicted_stall: Any, term: float = STALL_TERM, rel: float = 0.05) -> CheckResult:
-    """Exercise 5: where a bf16 running sum of ``term`` stops growing (within ``rel``)."""
-    got = as_number(EX5, predicted_stall, "your predicted stall value")
+    """Exercise 6: where a bf16 running sum of ``term`` stops growing (within ``rel``)."""
+    got = as_number(EX6, predicted_stall, "your predicted stall value")
     want = _answers.stall(term)
     answer = f"a bf16 running sum of {term} stops at {want:g}"
     if math.isclose(got, want, rel_tol=rel):
-        return ok(EX5, f"{answer}: at {want:g} the gap between bf16 numbers is "
+        return ok(EX6, f"{answer}: at {want:g} the gap between bf16 numbers is "
                        f"{want * 2 ** -7:g}, and {term} is less than half of it, so "
                        f"{want:g} + {term} rounds back to {want:g}")
     if math.isclose(got, want / 2, rel_tol=rel):
@@ -670,5 +932,5 @@ def check_stall(predicted_stall: Any, term: float = STALL_TERM, rel: float = 0.0
     else:
         hint = ("the gap above a number x in [2^e, 2^(e+1)) is 2^(e-7); the sum stops when the "
                 "term is less than half that gap")
-    return fail(EX5, "that is not where the sum stops", hint=hint, answer=answer)
+    return fail(EX6, "that is not where the sum stops", hint=hint, answer=answer)
 

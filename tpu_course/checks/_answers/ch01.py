@@ -2,9 +2,12 @@
 these, or the ``systolic`` helper that computes the same result, is refused, since the
 learner writes it).
 
-Exercise 3's smallest batch comes from ``systolic.utilization`` (the closed form a test
-holds equal to the simulator), Exercise 4's fastest dataflow from ``systolic.cycle_count``,
-and Exercise 5's stall from a bf16 running sum done bit by bit in numpy.
+Exercise 1's cycle of the weight-stationary array is written here in numpy (its checker
+grades against the simulator's own trace, ``systolic.simulate(..., trace=True)``, and a
+test holds the two equal); Exercise 4's smallest batch comes from ``systolic.utilization``
+(the closed form a test holds equal to the simulator), Exercise 5's fastest dataflow from
+``systolic.cycle_count``, and Exercise 6's stall from a bf16 running sum done bit by bit
+in numpy.
 """
 
 from __future__ import annotations
@@ -16,7 +19,26 @@ import numpy as np
 
 from tpu_course import systolic
 
-# ------------------------------------------------------------------------ Exercise 3
+# ------------------------------------------------------------------------ Exercise 1
+
+
+def ws_cycle(w: np.ndarray, act: np.ndarray, psum: np.ndarray, a: np.ndarray,
+             s: int) -> tuple[np.ndarray, np.ndarray]:
+    """One cycle of a weight-stationary array holding ``w`` (R x C) while ``a`` (M x K,
+    K <= R) streams: the activation and partial-sum registers at the end of stream cycle
+    ``s`` from those at the end of cycle ``s - 1``."""
+    rows = w.shape[0]
+    m, k = a.shape
+    x = np.zeros(rows, np.result_type(act, a))
+    for r in range(min(rows, k)):
+        if 0 <= s - r < m:
+            x[r] = a[s - r, r]
+    act = np.hstack([x[:, None], act[:, :-1]])
+    psum = np.vstack([np.zeros_like(psum[:1]), psum[:-1]]) + act * w
+    return act, psum
+
+
+# ------------------------------------------------------------------------ Exercise 4
 
 
 def smallest_batch(K: int, N: int, rows: int, cols: int, max_waste: float = 0.1) -> int | None:
@@ -41,7 +63,7 @@ def smallest_batch(K: int, N: int, rows: int, cols: int, max_waste: float = 0.1)
     return lo
 
 
-# ------------------------------------------------------------------------ Exercise 4
+# ------------------------------------------------------------------------ Exercise 5
 
 
 def dataflow_cycles(M: int, K: int, N: int, rows: int, cols: int) -> dict[str, int]:
@@ -56,7 +78,7 @@ def best_dataflows(M: int, K: int, N: int, rows: int, cols: int) -> list[str]:
     return sorted(d for d, v in counts.items() if v == best)
 
 
-# ------------------------------------------------------------------------ Exercise 5
+# ------------------------------------------------------------------------ Exercise 6
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
