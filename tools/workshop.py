@@ -92,9 +92,11 @@ class Block:
 
 
 def _jupytext() -> Any:
-    from tools.notebooks import _jupytext
-
-    return _jupytext()
+    try:
+        import jupytext
+    except ImportError as err:  # pragma: no cover - dev dependency
+        raise ImportError("the workshop tools need jupytext: run `make setup`") from err
+    return jupytext
 
 
 def _heading(source: str, pattern: str = r"#{1,2} ") -> str | None:
