@@ -14,21 +14,23 @@
 # ---
 
 # %% [markdown]
-# # Lab 4: Predict, compile, measure
+# # Lab 4: Ask the compiler, predict, compile, measure
 #
-# Seven exercises, **about 70 minutes** in all (the plan below gives each one's time).
-# Each asks you to **predict** a number with pencil-and-paper arithmetic (written as a
-# small function or a value), then the check **compiles** the real program and asks XLA,
-# or a model of the chip; it grades your prediction with a stated tolerance and explains
-# any gap. A failed check gives a hint; `checks.reveal("Exercise 3")` shows the expected
-# answer. Exercise 7 compiles for a TPU v5e this machine does not have, and is skipped
-# where the TPU compiler is not installed. The last cell is your scorecard.
+# Six exercises, **about 70 minutes** in all (the plan below gives each one's time).
+# Exercise 1 asks the compiler itself, with JAX's own calls: after it you can get XLA's
+# count for any function of yours without the course. The others ask you to **predict**
+# a number with pencil-and-paper arithmetic (written as a small function or a value),
+# then the check **compiles** the real program and asks XLA, or a model of the chip; it
+# grades your prediction with a stated tolerance and explains any gap. A failed check
+# gives a hint; `checks.reveal("Exercise 3")` shows the expected answer. Exercise 6
+# compiles for a TPU v5e this machine does not have, and is skipped where the TPU
+# compiler is not installed (or does not match jax). The last cell is your scorecard.
 #
-# Exercises 5 and 7 are predictions: you record yours with `ch04.LAB.predict(...)`, and
+# Exercises 4 and 6 are predictions: you record yours with `ch04.LAB.predict(...)`, and
 # only then does the next cell show what XLA counts. Once that has been shown in this
 # session your prediction is locked, and the check grades the one you recorded;
 # `tpu-course grade` re-runs the notebook and grades the value in the cell (and checks
-# your functions on shapes, itemsizes and chips the notebook does not show).
+# your functions on functions, shapes, dtypes and chips the notebook does not show).
 #
 # Notation as in chapter 4: $F$ FLOPs (multiply + add = 2), $B$ bytes moved to and from
 # HBM, $I = F/B$ arithmetic intensity, $P$ peak FLOP/s, $W$ HBM bytes/s, ridge $P/W$.
@@ -81,6 +83,7 @@ print(rt.banner())
 
 # %%
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -91,116 +94,135 @@ from tpu_course.checks import NotWritten, ch04
 ch04.LAB
 
 # %% [markdown] workshop={"agenda": "half-day"}
-# ## Exercise 1: the FLOPs of a matmul (5 min)
+# ## Exercise 1: XLA's FLOPs and bytes for any function (12 min)
 #
-# Write `matmul_flops(m, k, n)`: the floating-point operations of `[m, k] @ [k, n]`. The
-# check compiles one and sets your count beside XLA's.
+# Write `xla_cost(fn, *args)`: the pair `(flops, bytes_accessed)` that XLA's cost
+# analysis gives for the **compiled** `fn` at `args`, with JAX's own calls as chapter 4
+# section 1 showed them (no `tpu_course` helper: the check refuses them). The arguments
+# may be `jax.ShapeDtypeStruct` placeholders, so nothing must run. The check sets your
+# function on the chapter's layer and a row softmax; the grader also on functions the
+# notebook never shows (other dtypes, a dict of parameters, a function already jitted).
 
 # %%
-def matmul_flops(m, k, n):
-    raise NotImplementedError("Exercise 1 (matmul FLOPs): write your code here")
+def xla_cost(fn, *args):
+    raise NotImplementedError("Exercise 1 (XLA's FLOPs and bytes for any function): write your code here")
 
 
 # %%
-ch04.check_matmul_flops(matmul_flops)
+ch04.check_xla_cost(xla_cost)
+
+# %% tags=["nbval-ignore-output"]
+# Your function on your own code: the chapter's GELU, fused by XLA (counts per backend)
+with checks.skip_if_not_written():
+    gelu = lambda x: 0.5 * x * (1 + jnp.tanh(0.7978845608 * (x + 0.044715 * x**3)))  # noqa: E731
+    f, b = xla_cost(gelu, jax.ShapeDtypeStruct((1024, 1024), jnp.float32))
+    print(f"GELU on f32[1024, 1024]: {f:,.0f} FLOPs, {b:,.0f} bytes, {f / b:.2f} FLOP/byte")
 
 # %% [markdown] workshop={"agenda": "half-day"}
-# ## Exercise 2: the bytes it must move (5 min)
+# ## Exercise 2: the batch where a layer turns compute-bound (10 min)
 #
-# Write `matmul_bytes(m, k, n, itemsize)`: the bytes read from and written to HBM if
-# each input is read once and the output written once (the least any kernel can move).
-# `itemsize` is bytes per element: 2 for bf16, 4 for fp32.
+# A bf16 layer multiplies activations `x: [m, k]` by weights `w: [k, n]` into `y: [m, n]`;
+# the least a kernel can move is `x` and `w` read once and `y` written once. Chapter 4
+# said the ridge point is roughly the batch (in tokens) below which such a layer cannot
+# keep a chip busy. Make that exact: write `compute_bound_batch(k, n, chip)`, the least
+# whole batch `m` at which the layer's intensity reaches the ridge point of `chip` (a
+# `hardware.Chip`: its bf16 peak over its HBM bandwidth), or `None` when no batch, however
+# large, gets there.
 
 # %%
-def matmul_bytes(m, k, n, itemsize):
-    raise NotImplementedError("Exercise 2 (matmul bytes): write your code here")
+def compute_bound_batch(k, n, chip):
+    raise NotImplementedError("Exercise 2 (the batch where a layer turns compute-bound): write your code here")
 
 
 # %%
-ch04.check_matmul_bytes(matmul_bytes)
+ch04.check_compute_bound_batch(compute_bound_batch)
 
-# %% [markdown] workshop={"agenda": "half-day"}
-# ## Exercise 3: intensity, and which roof binds (10 min)
+# %% [markdown] workshop={"agenda": "one-day"}
+# ## Exercise 3: the least time of a chain of kernels (10 min)
 #
-# Write `intensity(m, k, n, itemsize)` (FLOP per byte, from your two functions) and
-# `which_roof(ai, chip)`, which returns `'memory'` or `'compute'` for a kernel of
-# intensity `ai` on a `hardware.Chip`. The test case is a layer with a batch of 384
-# tokens against a 4096 x 4096 bf16 weight, on a v5e and on a v6e.
+# A compiled program is a sequence of kernels (the fusions of chapter 4), each with its
+# own FLOPs and bytes. Write `chain_time_s(kernels, chip)`: the least time, in seconds,
+# that the roofline allows for `kernels`, a list of `(flops, bytes)` pairs run one after
+# another on `chip`. The check gives a matmul followed by a large elementwise kernel on a
+# v5e, and a three-kernel chain on a v6e.
 
 # %%
-def intensity(m, k, n, itemsize):
-    raise NotImplementedError("Exercise 3 (intensity and the binding roof): write your code here")
-
-
-def which_roof(ai, chip):
-    raise NotImplementedError("Exercise 3 (intensity and the binding roof): write your code here")
+def chain_time_s(kernels, chip):
+    raise NotImplementedError("Exercise 3 (the least time of a chain of kernels): write your code here")
 
 
 # %%
-ch04.check_roofs(intensity, which_roof)
-
-# %% [markdown] workshop={"agenda": "half-day"}
-# ## Exercise 4: the fastest it can possibly run (10 min)
-#
-# Write `fastest_time_s(flops, nbytes, chip)`: the roofline's lower bound on the time
-# of a kernel, in seconds. Compute and memory traffic overlap on a TPU.
-
-# %%
-def fastest_time_s(flops, nbytes, chip):
-    raise NotImplementedError("Exercise 4 (roofline time): write your code here")
-
-
-# %%
-ch04.check_roofline_time(fastest_time_s)
+ch04.check_chain_time(chain_time_s)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 5: a layer by hand, against XLA (10 min)
+# ## Exercise 4: a layer by hand, against XLA (10 min)
 #
 # Predict the FLOPs of `relu(x @ w + b)` (`ch04.layer`) for `x: [B, D]`, `w: [D, H]`,
-# `b: [H]` in `layer_flops(B, D, H)`, by hand (not by asking XLA), and record it in the
-# cell after. Then the next cell compiles the layer for `ch04.LAYER_5` on this runtime and
-# shows XLA's count; the check compares your count with XLA's within 5 %, and if you
-# counted only the matmul, it says what the gap is.
+# `b: [H]` in `layer_flops(B, D, H)`, by hand (not by asking XLA: a `layer_flops` that
+# compiles is refused), and record it in the cell after. The case is `ch04.LAYER_4`, a
+# first layer on only a few input features. Then the next cell shows XLA's count on this
+# runtime; the check compares your count with XLA's within 5 %.
 
 # %%
 def layer_flops(B, D, H):
-    raise NotImplementedError("Exercise 5 (a layer by hand, against XLA): write your code here")
+    raise NotImplementedError("Exercise 4 (a layer by hand, against XLA): write your code here")
 
 
 # %% tags=["nbval-ignore-output"]
 with checks.skip_if_not_written():
-    layer_flops(*ch04.LAYER_5)  # still the stub? then nothing is recorded
-    ch04.LAB.predict("Exercise 5", layer_flops)
+    layer_flops(*ch04.LAYER_4)  # still the stub? then nothing is recorded
+    ch04.LAB.predict("Exercise 4", layer_flops)
 
 # %% tags=["nbval-ignore-output"]
-if ch04.LAB.predicted("Exercise 5"):
+if ch04.LAB.predicted("Exercise 4"):
     with checks.skip_if_not_written():
-        B, D, H = ch04.LAYER_5
+        B, D, H = ch04.LAYER_4
         print(f"B, D, H = {B}, {D}, {H}: you predict {layer_flops(B, D, H):,} FLOPs; XLA "
-              f"counts {ch04.xla_layer_flops(ch04.LAYER_5):,.0f} on this runtime")
+              f"counts {ch04.xla_layer_flops(ch04.LAYER_4):,.0f} on this runtime")
 
 # %%
 ch04.check_xla_flops(layer_flops)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 6: how big is an array on a TPU? (10 min)
+# ## Exercise 5: how big an array is on a TPU (12 min)
 #
-# HBM stores a 2-D array in tiles of 8 rows x 128 columns (`T(8,128)` in the HLO): the
-# last dimension pads up to a multiple of 128, the one before to a multiple of 8.
-# Write `tpu_bytes(rows, cols, itemsize)`. With the TPU compiler installed, the checker
-# compiles a program for a TPU v5e that this machine does not have and reads the TPU
-# compiler's memory analysis; without it, it uses the tiling model.
+# Chapter 4 section 7 printed the HBM layout and the bytes of a few arrays compiled for a
+# TPU v5e. From those (and, where the TPU compiler is installed, from arrays you compile
+# yourself in the cell below, with the chapter's JAX calls), work out the rule, then write
+# `tpu_bytes(shape, itemsize)`: the bytes a 2-D array of `shape` (both dimensions at least
+# 9) takes in a TPU's HBM, for float32 (`itemsize=4`) and bf16 (`itemsize=2`). Watch the
+# layout's `{1,0}` or `{0,1}` as well as its `T(...)`. The check compiles each array for a
+# v5e and reads the compiler's memory analysis (without the TPU compiler, a model of it);
+# a `tpu_bytes` that asks the compiler is refused.
+
+# %% tags=["nbval-ignore-output"]
+# Explore (optional): compile `x + 1` for one v5e chip and read what the compiler says.
+problem = hlo.tpu_compiler_problem()  # the course's guard: a libtpu that matches jax
+if problem:
+    print("no TPU compiler here:", problem)
+else:
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no TPU here: skip libtpu's lock
+    with runtime.quiet_libtpu():  # drops libtpu's "no TPU metadata" start-up warnings
+        v5e_chip = topologies.get_topology_desc("v5e:2x2", "tpu").devices[0]
+    for shape, dtype in (((100, 100), jnp.float32), ((24, 300), jnp.bfloat16)):
+        arg = jax.ShapeDtypeStruct(shape, dtype, sharding=SingleDeviceSharding(v5e_chip))
+        compiled = jax.jit(lambda x: x + 1).lower(arg).compile()
+        layout = compiled.as_text().split("entry_computation_layout={(")[1].split(")->")[0]
+        print(f"{layout:<34} {compiled.memory_analysis().argument_size_in_bytes:>8,} bytes")
 
 # %%
-def tpu_bytes(rows, cols, itemsize):
-    raise NotImplementedError("Exercise 6 (TPU padded bytes): write your code here")
+def tpu_bytes(shape, itemsize):
+    raise NotImplementedError("Exercise 5 (how big an array is on a TPU): write your code here")
 
 
 # %%
-ch04.check_padded_bytes(tpu_bytes)
+ch04.check_tpu_bytes(tpu_bytes)
 
 # %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 7: layer norm on a v5e, predicted, then compiled (20 min)
+# ## Exercise 6: layer norm on a v5e, predicted, then compiled (15 min)
 #
 # Chapter 4 analysed matmuls. Layer norm (`ch04.layer_norm`, shown below) normalises each
 # row of a bf16 `[4096, 1024]` array (`ch04.LN_SHAPE`) with float32 statistics, then
@@ -222,18 +244,18 @@ import inspect
 print(inspect.getsource(ch04.layer_norm))
 
 # %%
-# Exercise 7 (layer norm on a v5e): write your code here
-tokens = NotWritten("Exercise 7 (layer norm on a v5e)")
-features = NotWritten("Exercise 7 (layer norm on a v5e)")
-predicted_ln_flops = NotWritten("Exercise 7 (layer norm on a v5e)")
-predicted_ln_bytes = NotWritten("Exercise 7 (layer norm on a v5e)")
-predicted_ln_roof = NotWritten("Exercise 7 (layer norm on a v5e)")
+# Exercise 6 (layer norm on a v5e): write your code here
+tokens = NotWritten("Exercise 6 (layer norm on a v5e)")
+features = NotWritten("Exercise 6 (layer norm on a v5e)")
+predicted_ln_flops = NotWritten("Exercise 6 (layer norm on a v5e)")
+predicted_ln_bytes = NotWritten("Exercise 6 (layer norm on a v5e)")
+predicted_ln_roof = NotWritten("Exercise 6 (layer norm on a v5e)")
 
 # %%
-ch04.LAB.predict("Exercise 7", predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
+ch04.LAB.predict("Exercise 6", predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
 
 # %% tags=["nbval-ignore-output"]
-if ch04.LAB.predicted("Exercise 7"):
+if ch04.LAB.predicted("Exercise 6"):
     print(f"you predict {predicted_ln_flops:,} FLOPs, {predicted_ln_bytes:,} bytes, "
           f"{predicted_ln_roof}-bound")
     if hlo.tpu_compiler_problem() is None:
@@ -251,9 +273,10 @@ ch04.check_layer_norm(predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
 # %% [markdown]
 # ## Measure: the prediction against this runtime
 #
-# On a TPU or GPU, the last cell measures a large bf16 matmul and sets it against your
-# roofline time for this chip. On a CPU there is no chip in the table to predict for,
-# and the cell says so instead of comparing a CPU with a TPU.
+# On a TPU or GPU, the last cell measures a large bf16 matmul and sets it against the
+# roofline time of its compiled program for this chip (your Exercises 1 and 3). On a CPU
+# there is no chip in the table to predict for, and the cell says so instead of comparing
+# a CPU with a TPU.
 
 # %% tags=["nbval-ignore-output"]
 with checks.skip_if_not_written():
@@ -265,8 +288,8 @@ with checks.skip_if_not_written():
         n = 8192
         a = jnp.ones((n, n), jnp.bfloat16)
         r = bench.benchmark(jax.jit(jnp.matmul), a, a, repeats=10, warn=False,
-                            flops=matmul_flops(n, n, n))
-        predicted = fastest_time_s(matmul_flops(n, n, n), matmul_bytes(n, n, n, 2), rt.chip)
+                            flops=2 * n**3)
+        predicted = chain_time_s([xla_cost(jnp.matmul, a, a)], rt.chip)
         print(f"predicted at best {predicted * 1e3:.3f} ms, measured {r.median_s * 1e3:.3f} ms "
               f"on {rt.device_kind}: {predicted / r.median_s:.0%} of the roofline")
 

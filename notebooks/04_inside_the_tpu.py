@@ -79,6 +79,8 @@ rt = runtime.describe()
 print(rt.banner())
 
 # %% slideshow={"slide_type": "skip"}
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,7 +94,7 @@ if not AOT:
     print("Note: the cells that compile for a TPU will print a note and skip. To see them, "
           'install the extra: pip install "tpu-course[aot]" (about 700 MB), then restart.')
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "half-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "half-day"}
 # ## 1. Three programs from one function
 #
 # Take one layer of an MLP, $y = \mathrm{relu}(xW + b)$, with a batch of 64 rows, 512
@@ -105,7 +107,10 @@ if not AOT:
 # 3. **optimised HLO**: what the XLA compiler for *this* backend made of it, after
 #    fusion, layout assignment and (on several devices) partitioning.
 #
-# `hlo.inspect(fn, *args)` builds all three without running anything.
+# A jitted function has a method for each step, and none of them runs the function:
+# `.trace(*args)` gives the jaxpr, `.lower()` the StableHLO, `.compile()` the compiled
+# program. The arguments can be `jax.ShapeDtypeStruct` placeholders: a shape and a dtype,
+# no data.
 
 # %% slideshow={"slide_type": "subslide"}
 B, D, H = 64, 512, 256
@@ -117,42 +122,104 @@ def layer(x, w, b):
 
 args = (jax.ShapeDtypeStruct((B, D), jnp.float32), jax.ShapeDtypeStruct((D, H), jnp.float32),
         jax.ShapeDtypeStruct((H,), jnp.float32))
-report = hlo.inspect(layer, *args)
-print(report.jaxpr)
+traced = jax.jit(layer).trace(*args)  # 1. trace: the jaxpr
+lowered = traced.lower()  # 2. lower: StableHLO (jax.jit(layer).lower(*args) does 1 and 2)
+compiled = lowered.compile()  # 3. compile: XLA for this backend
+print(traced.jaxpr.pretty_print(use_color=False))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The jaxpr lists `dot_general` (the matmul), a `broadcast_in_dim` of the bias, an `add`
-# and a `max` against zero: four operations, each with its output shape. StableHLO says
-# the same in MLIR (the first lines are shown):
+# and a `max` against zero: four operations, each with its output shape. StableHLO,
+# `lowered.as_text()`, says the same in MLIR (the first lines are shown):
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
-print("\n".join(report.stablehlo.splitlines()[:12]))
+print("\n".join(lowered.as_text().splitlines()[:12]))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# The optimised HLO for the local backend is where XLA's decisions appear. The
-# highlighted lines (`>>`) are the ones that do the work: fusions, dots, convolutions.
+# The optimised HLO, `compiled.as_text()`, is where XLA's decisions appear: its fusions,
+# the layout of every array (`{1,0}` is row-major), which operations became one kernel.
+# The entry computation is the program itself:
+
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+hlo_text = compiled.as_text()
+print(hlo_text[hlo_text.index("ENTRY"):].split("\n}")[0])
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The compiled program also answers two questions without running: what it costs
+# (`cost_analysis()`, XLA's count of FLOPs and of bytes accessed in memory) and how much
+# device memory it needs (`memory_analysis()`: arguments, outputs, temporaries). Older jax
+# returns the cost analysis as a list with one dict per program:
+
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+cost = compiled.cost_analysis()
+cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+memory = compiled.memory_analysis()
+print(f"FLOPs {cost['flops']:,.0f}, bytes accessed {cost['bytes accessed']:,.0f}")
+print(f"memory: arguments {memory.argument_size_in_bytes:,} B, outputs "
+      f"{memory.output_size_in_bytes:,} B, temporaries {memory.temp_size_in_bytes:,} B")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# These five calls are all you need to look inside any function of yours. The course
+# wraps them in one instrument, `hlo.inspect(fn, *args)`: it makes the same three calls,
+# parses the HLO (op counts, fusions, collectives) and gathers both analyses and the
+# compile time in one report. From here on the chapter uses it as a shortcut; its numbers
+# are the ones above:
+
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
+report = hlo.inspect(layer, *args)
+assert (report.flops, report.bytes_accessed) == (cost["flops"], cost["bytes accessed"])
+report
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# `report.show_hlo()` prints the optimised HLO with the lines that do the work (fusions,
+# dots, convolutions) marked `>>`:
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 print(report.show_hlo())
 
-# %% [markdown] slideshow={"slide_type": "skip"}
-# The report also carries XLA's cost analysis, its memory analysis and the compile
-# time, in one table (per device):
-
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
-report
-
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ### The same layer, compiled for a TPU v5e
 #
-# With the TPU extra, `target="v5e:2x2"` compiles for one chip of a 2x2 v5e slice that
-# this machine does not have. Look for three TPU-specific things: the layouts now carry
-# a tiling such as `T(8,128)` (HBM stores arrays in tiles of 8 sublanes x 128 lanes);
-# the matmul is a `convolution` inside a fusion (the MXU's instruction); and the bias
-# add and the relu are fused *into* the matmul's output fusion, so the intermediate
-# never goes to HBM.
+# JAX can compile for TPU chips this machine does not have: `jax.experimental.topologies`
+# describes a TPU slice (`"v5e:2x2"`: four v5e chips), and its `devices` are compile-only
+# devices. Place the arguments on one of them (a `sharding` on each placeholder) and the
+# same `trace`/`lower`/`compile` runs the real TPU compiler here. That needs `libtpu`, the
+# TPU compiler (the course's `aot` extra), and a libtpu of the build this jax expects: a
+# mismatched one (Colab's TPU runtime ships jax 0.7.2 with libtpu 0.0.21.1) crashes the
+# whole process when it compiles for a topology. `hlo.tpu_compiler_problem()` is the
+# course's guard for both: None when it is safe, else why not.
+#
+# Look for three TPU-specific things: the layouts now carry a tiling such as `T(8,128)`
+# (HBM stores arrays in tiles of 8 sublanes x 128 lanes); the matmul is a `convolution`
+# inside a fusion (the MXU's instruction); and the bias add and the relu are fused *into*
+# the matmul's output fusion, so the intermediate never goes to HBM.
 
-# %% slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+problem = hlo.tpu_compiler_problem()
+if problem is None:
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no TPU here: skip libtpu's lock
+    with runtime.quiet_libtpu():  # drops libtpu's "no TPU metadata" start-up warnings
+        v5e_slice = topologies.get_topology_desc("v5e:2x2", "tpu")
+    chip0 = SingleDeviceSharding(v5e_slice.devices[0])
+    tpu_args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=chip0) for a in args]
+    tpu_compiled = jax.jit(layer).trace(*tpu_args).lower().compile()
+    tpu_hlo = tpu_compiled.as_text()
+    print("compiled for", v5e_slice.devices[0].device_kind, "(compile-only); the entry, and "
+          "the MXU's convolution inside its fusion:")
+    entry = tpu_hlo[tpu_hlo.index("ENTRY"):].split("\n}")[0].splitlines()
+    for line in entry + [l for l in tpu_hlo.splitlines() if " convolution(" in l]:
+        print(" ", line.strip().split(", metadata=")[0].split(", backend_config=")[0])
+else:
+    print("skipped:", problem)
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The shortcut again: `hlo.inspect(layer, *args, target="v5e:2x2")` builds the topology,
+# places the arguments and compiles, behind the same guard, and parses what came out:
+
+# %% slideshow={"slide_type": "skip"}
 if AOT:
     tpu_report = hlo.inspect(layer, *args, target="v5e:2x2")
     print(f"compiled for {tpu_report.target} ({tpu_report.device_kind}), "
@@ -160,8 +227,6 @@ if AOT:
     print("top-level ops:", tpu_report.compute_ops)
     for f in tpu_report.fusions:
         print(f"  fusion {f.kind}: {f.ops}")
-    print("the fusion the chip runs:")
-    print("   ", tpu_report.lines("fusion")[-1])
 else:
     print("skipped: needs the TPU extra (libtpu) to compile for a TPU")
 
@@ -461,16 +526,21 @@ if ON_CPU:
 
 # %% slideshow={"slide_type": "subslide"}
 if AOT:
-    for shape in ((100, 100), (128, 128), (129, 128), (64, 384)):
-        r = hlo.inspect(lambda x: x + 1, jax.ShapeDtypeStruct(shape, jnp.float32), target="v5e:1x1")
-        logical = int(np.prod(shape)) * 4
-        layout = [l for l in r.lines("parameter") if "f32" in l][0].split(" = ")[1].split(" ")[0]
-        print(f"f32{list(shape)!s:<11} layout {layout:<28} logical {logical:>7,} B  "
+    for shape, dt in (((100, 100), jnp.float32), ((128, 128), jnp.float32),
+                      ((129, 128), jnp.float32), ((64, 384), jnp.float32),
+                      ((100, 100), jnp.bfloat16)):
+        r = hlo.inspect(lambda x: x + 1, jax.ShapeDtypeStruct(shape, dt), target="v5e:1x1")
+        logical = int(np.prod(shape)) * jnp.dtype(dt).itemsize
+        layout = r.lines("parameter")[0].split(" = ")[1].split(" ")[0]
+        print(f"layout {layout:<32} logical {logical:>7,} B  "
               f"in HBM {r.argument_bytes:>7,} B  ({r.argument_bytes / logical:.2f}x)")
 else:
     print("skipped: needs the TPU extra")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
+# The bf16 array keeps the same tile: in `T(8,128)(2,1)` the `(2,1)` says how two 16-bit
+# values share one 32-bit word, so it too takes 1.33x its logical bytes.
+#
 # The MXU's padding follows from its width. A dimension $d$ mapped onto an array of
 # width $w$ uses $\lceil d/w \rceil$ blocks, of which a fraction $d / (w\lceil d/w
 # \rceil)$ does useful work. For a `[B, K] @ [K, N]` matmul the contracted $K$ and the
@@ -579,9 +649,11 @@ for name in ("v4", "v5e", "v5p", "v6e", "7x", "a100", "h100", "h200"):
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways
 #
-# * `jit` builds a jaxpr, then StableHLO, then an optimised HLO per backend;
-#   `hlo.inspect` shows all three, and with the TPU extra it shows a real TPU program
-#   on any machine.
+# * `jit` builds a jaxpr, then StableHLO, then an optimised HLO per backend:
+#   `jax.jit(f).trace(*args)`, `.lower()`, `.compile()`, and the compiled program's
+#   `as_text()`, `cost_analysis()` and `memory_analysis()` show them without running `f`.
+#   With a compile-only topology (`jax.experimental.topologies`, and a libtpu that matches
+#   jax) they show a real TPU program on any machine. `hlo.inspect` is the shortcut.
 # * Fusion keeps intermediates out of HBM: the CPU's unfused matmul result costs 131,072
 #   bytes that the TPU's fused kernel never moves. For memory-bound code the roofline
 #   predicts that the bytes saved are the time saved.

@@ -1,57 +1,68 @@
 """The course's own answers to lab 4 (private: the checkers refuse them as answers), and
-the T(8,128) tiling model the padded-bytes checker falls back on without a TPU compiler."""
+the TPU layout model the array-size checker falls back on without a TPU compiler."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable
 
 
-def matmul_flops(m: int, k: int, n: int) -> int:
-    """Exercise 1: ``2*m*k*n``."""
-    return 2 * m * k * n
+def xla_cost(fn: Callable, *args: Any) -> tuple[float, float]:
+    """Exercise 1: XLA's FLOPs and bytes accessed of the *compiled* ``fn`` at ``args``."""
+    import jax
+
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+        cost = cost[0]
+    return cost["flops"], cost["bytes accessed"]
 
 
-def matmul_bytes(m: int, k: int, n: int, itemsize: int) -> int:
-    """Exercise 2: each input read once, the output written once."""
-    return (m * k + k * n + m * n) * itemsize
+def ridge(chip: Any) -> float:
+    """The chip's ridge point: bf16 peak FLOP/s over HBM bytes/s."""
+    return chip.peak_bf16_flops_per_s / chip.hbm_bytes_per_s
 
 
-def intensity(m: int, k: int, n: int, itemsize: int) -> float:
-    """Exercise 3: FLOPs per byte."""
-    return matmul_flops(m, k, n) / matmul_bytes(m, k, n, itemsize)
+def compute_bound_batch(k: int, n: int, chip: Any) -> int | None:
+    """Exercise 2: the least batch m with 2mkn / (2(mk + kn + mn)) >= ridge, for bf16
+    x [m, k], w [k, n] and y [m, n], each moved once; None when no batch reaches it."""
+    r = ridge(chip)
+    room = 2 * k * n - 2 * r * (k + n)  # m * room >= 2 r k n
+    if room <= 0:
+        return None
+    return math.ceil(2 * r * k * n / room)
 
 
-def which_roof(ai: float, chip: Any) -> str:
-    """Exercise 3: 'memory' below the ridge point (peak / bandwidth), else 'compute'."""
-    return "memory" if ai < chip.peak_bf16_flops_per_s / chip.hbm_bytes_per_s else "compute"
-
-
-def fastest_time_s(flops: float, nbytes: float, chip: Any) -> float:
-    """Exercise 4: compute and memory overlap, so the larger time binds."""
-    return max(flops / chip.peak_bf16_flops_per_s, nbytes / chip.hbm_bytes_per_s)
+def chain_time_s(kernels: Sequence[tuple[float, float]], chip: Any) -> float:
+    """Exercise 3: kernels run one after another; inside each, compute and memory overlap."""
+    return sum(max(f / chip.peak_bf16_flops_per_s, b / chip.hbm_bytes_per_s)
+               for f, b in kernels)
 
 
 def layer_flops(B: int, D: int, H: int) -> int:
-    """Exercise 5: the matmul, the bias add and the relu."""
+    """Exercise 4: the matmul, the bias add and the relu."""
     return 2 * B * D * H + 2 * B * H
 
 
 def tpu_padded_bytes(shape: Sequence[int], itemsize: int = 4) -> int:
-    """Exercise 6: bytes of a row-major array in the TPU's tiled HBM layout: the last dim
-    padded to a multiple of 128 lanes, the one before to a multiple of 8 sublanes (layout
-    ``T(8,128)``). A model for 2-D arrays in the layout XLA picks for them.
+    """Exercise 5: bytes of a 2-D array in the TPU's tiled HBM layout ``T(8,128)``: the
+    minor (last in memory) dimension padded to a multiple of 128 lanes, the one before to
+    a multiple of 8 sublanes, and the compiler lays the array out whichever way round
+    pads less (layout ``{1,0}`` or ``{0,1}``). Leading dimensions multiply.
 
     >>> tpu_padded_bytes((100, 100), 4)  # 104 x 128 x 4
     53248
+    >>> tpu_padded_bytes((1000, 12), 4)  # column-major: 16 x 1024 x 4
+    65536
     """
     if len(shape) < 2:
         raise ValueError("the T(8,128) model is for arrays of rank 2 or more")
     *lead, rows, cols = shape
-    return math.prod(lead) * (-(-rows // 8) * 8) * (-(-cols // 128) * 128) * itemsize
+    pad = lambda d, to: -(-d // to) * to  # noqa: E731
+    tiles = min(pad(rows, 8) * pad(cols, 128), pad(cols, 8) * pad(rows, 128))
+    return math.prod(lead) * tiles * itemsize
 
 
-def tpu_bytes(rows: int, cols: int, itemsize: int) -> int:
-    """Exercise 6, as the lab asks for it."""
-    return tpu_padded_bytes((rows, cols), itemsize)
+def tpu_bytes(shape: Sequence[int], itemsize: int) -> int:
+    """Exercise 5, as the lab asks for it."""
+    return tpu_padded_bytes(tuple(shape), itemsize)
