@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         try:
             run_one(path, slug)
-        except Exception:  # one broken benchmark must not hide the others
+        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others
             traceback.print_exc()
             failed.append(path.name)
     if failed:

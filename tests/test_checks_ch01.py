@@ -235,8 +235,10 @@ def tiled_k_outer_padded(a, b, rows, cols, sim):
     m, k = a.shape
     n = b.shape[1]
     kp, np_ = -(-k // rows) * rows, -(-n // cols) * cols
-    ap = np.zeros((m, kp)); ap[:, :k] = a
-    bp = np.zeros((kp, np_)); bp[:k, :n] = b
+    ap = np.zeros((m, kp))
+    ap[:, :k] = a
+    bp = np.zeros((kp, np_))
+    bp[:k, :n] = b
     out = np.zeros((m, np_))
     for k0 in range(0, kp, rows):
         for n0 in range(0, np_, cols):

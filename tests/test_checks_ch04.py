@@ -10,7 +10,7 @@ import math
 import jax
 import pytest
 
-from tpu_course import hardware, hlo, roofline
+from tpu_course import hlo, roofline
 from tpu_course.checks import NotWritten, _core, ch04, grading_seed
 from tpu_course.checks._answers import ch04 as reference
 

@@ -239,3 +239,18 @@ def test_refusal_says_write_it_yourself():
         refuse_course_code("Exercise 4 (choose)", lambda *a: _helper(*a), systolic.cycle_count)
     assert "course's own function" in stop.value.result.message
     assert "write this yourself" in stop.value.result.hint
+
+
+def test_names_used_finds_compiler_calls_in_the_learners_code_only():
+    def asks(f, *a):
+        return jax.jit(f).lower(*a).compile().cost_analysis()
+
+    def via_helper(*a):
+        return asks(*a)
+
+    def reasoned(m, k, n):
+        return 2 * m * k * n
+
+    assert _core.names_used(via_helper, {"cost_analysis", "compile"}) == "compile"
+    assert _core.names_used(reasoned, {"cost_analysis"}) is None
+    assert _core.names_used(lambda x: jax.numpy.sum(x), {"compile"}) is None  # jax's inside

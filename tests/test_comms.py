@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 
 import pytest
@@ -195,7 +194,7 @@ def test_training_cost_arithmetic():
 
 
 def test_spot_prices_are_an_assumption_printed_beside_the_number():
-    for chip, row in comms.PRICES_USD_PER_CHIP_HOUR.items():
+    for row in comms.PRICES_USD_PER_CHIP_HOUR.values():
         assert row["spot"] == pytest.approx(row["on_demand"] * comms.SPOT_FRACTION_ASSUMED, abs=0.005)
     spot = str(comms.training_cost("v6e", 1, hours=1, pricing="spot"))
     assert "assumed 0.4 x on-demand" in spot

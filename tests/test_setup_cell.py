@@ -31,7 +31,7 @@ def _wheel(folder: pathlib.Path, name: str, version: str, requires: tuple[str, .
     """A minimal pure-Python wheel whose package ``name`` has ``__version__``."""
     module = name.replace("-", "_")
     dist = f"{module}-{version}.dist-info"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
     files = {
         f"{module}/__init__.py": f"__version__ = {version!r}\n",

@@ -71,9 +71,9 @@ def test_allowed_entries_are_ignored_and_everything_else_is_not(monkeypatch):
     with warnings.catch_warnings():
         warnings.resetwarnings()
         warnings_policy.install()
-        warnings.warn("Known upstream thing is deprecated", DeprecationWarning)  # ignored
+        warnings.warn("Known upstream thing is deprecated", DeprecationWarning, stacklevel=1)
         with pytest.raises(DeprecationWarning):
-            warnings.warn("something else is deprecated", DeprecationWarning)
+            warnings.warn("something else is deprecated", DeprecationWarning, stacklevel=1)
     assert warnings_policy.pytest_filters()[-1] == "ignore:known upstream thing:DeprecationWarning"
 
 

@@ -112,7 +112,7 @@ def _seconds(cell: Any) -> float:
     start, end = ex.get("iopub.execute_input"), ex.get("shell.execute_reply")
     if not start or not end:
         return 0.0
-    parse = lambda s: datetime.datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    parse = lambda s: datetime.datetime.fromisoformat(s.replace("Z", "+00:00"))
     return max(0.0, (parse(end) - parse(start)).total_seconds())
 
 

@@ -312,7 +312,7 @@ def benchmark(fn: Callable, *args: Any, warmup: int = 2, repeats: int = 10,
     elif flops is None or bytes_accessed is None:
         try:  # the same maths, jitted, only for its cost analysis
             cost = normalise_cost(jax.jit(fn).lower(*args, **kwargs).compile().cost_analysis())
-        except Exception:  # a function that cannot be jitted: no counts
+        except Exception:  # noqa: BLE001 - a function that cannot be jitted: no counts
             cost = {}
 
     start = time.perf_counter()

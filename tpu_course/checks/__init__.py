@@ -15,13 +15,14 @@ from typing import Any
 
 from tpu_course.checks._core import (
     KINDS, NEEDS, CheckResult, Exercise, Lab, NotWritten, NotWrittenError, Scorecard, Verdict,
-    as_number, course_code_used, grading_seed, refuse, refuse_course_code,
+    as_number, course_code_used, grading_seed, names_used, refuse, refuse_course_code,
     close_enough, fail, is_not_written, not_written, ok, reveal, skip_if_not_written, skipped,
 )
 
 __all__ = [
     "KINDS", "NEEDS", "CheckResult", "Exercise", "Lab", "NotWritten", "NotWrittenError",
-    "Scorecard", "Verdict", "as_number", "course_code_used", "grading_seed", "refuse",
+    "Scorecard", "Verdict", "as_number", "course_code_used", "grading_seed", "names_used",
+    "refuse",
     "refuse_course_code", "close_enough", "fail", "is_not_written", "not_written", "ok", "reveal",
     "skip_if_not_written", "skipped", "LABS", "lab",
 ]

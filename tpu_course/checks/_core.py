@@ -37,7 +37,7 @@ import inspect
 import math
 import sys
 import types
-from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence
 
 PASSED, FAILED, NOT_WRITTEN, SKIPPED = "passed", "failed", "not written", "skipped"
 STATUSES = (PASSED, FAILED, NOT_WRITTEN, SKIPPED)
@@ -332,26 +332,26 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _codes(const)
 
 
-def course_code_used(answer: Any, forbidden: Sequence[Any], *, depth: int = 4) -> Any | None:
-    """The first of ``forbidden`` (the course's own functions) that ``answer`` is, or
-    calls anywhere in the code it reaches: its body, its nested functions, the functions
-    it closes over, the learner's own helpers it calls (up to ``depth`` deep), a
-    ``functools.partial`` or a jitted wrapper around any of them, and module attributes
-    it names (``systolic.cycle_count``). None when it uses none of them."""
-    banned = {id(_unwrap(f)): f for f in forbidden} | {id(f): f for f in forbidden}
+def _search(answer: Any, depth: int, value_hit: Callable[[Any], Any],
+            names_hit: Callable[[set[str]], Any]) -> Any | None:
+    """Walk the code ``answer`` reaches (see :func:`course_code_used`) and return the first
+    hit: ``value_hit`` is asked about every object found, ``names_hit`` about the global and
+    attribute names of each of the learner's functions."""
     seen: set[int] = set()
 
     def visit(obj: Any, level: int) -> Any | None:
-        if id(obj) in banned:
-            return banned[id(obj)]
+        hit = value_hit(obj)
+        if hit is not None:
+            return hit
         if isinstance(obj, functools.partial):  # what a partial binds counts too
             for value in (*obj.args, *obj.keywords.values()):
                 found = visit(value, level + 1) if callable(value) else None
                 if found is not None:
                     return found
         obj = _unwrap(obj)
-        if id(obj) in banned:
-            return banned[id(obj)]
+        hit = value_hit(obj)
+        if hit is not None:
+            return hit
         if id(obj) in seen or level > depth or (level and not _learners(obj)):
             return None
         seen.add(id(obj))
@@ -363,12 +363,15 @@ def course_code_used(answer: Any, forbidden: Sequence[Any], *, depth: int = 4) -
             return None
         code = getattr(obj, "__code__", None)
         if not isinstance(code, types.CodeType):
-            call = getattr(type(obj), "__call__", None)  # an object with __call__
+            call = inspect.getattr_static(type(obj), "__call__", None)  # an object with __call__
             if call is not None and getattr(call, "__code__", None) is not None:
                 return visit(call, level + 1)
             return None
         glob = getattr(obj, "__globals__", {})
         names = {n for c in _codes(code) for n in c.co_names}
+        hit = names_hit(names)
+        if hit is not None:
+            return hit
         values = [glob.get(n, getattr(builtins, n, None)) for n in names]
         values += [cell.cell_contents for cell in (getattr(obj, "__closure__", None) or ())
                    if _filled(cell)]
@@ -376,9 +379,9 @@ def course_code_used(answer: Any, forbidden: Sequence[Any], *, depth: int = 4) -
         for value in values:
             if isinstance(value, types.ModuleType):
                 for n in names:
-                    attr = getattr(value, n, None)
-                    if attr is not None and id(attr) in banned:
-                        return banned[id(attr)]
+                    hit = value_hit(getattr(value, n, None))
+                    if hit is not None:
+                        return hit
             elif callable(value):
                 found = visit(value, level + 1)
                 if found is not None:
@@ -386,6 +389,27 @@ def course_code_used(answer: Any, forbidden: Sequence[Any], *, depth: int = 4) -
         return None
 
     return visit(answer, 0)
+
+
+def course_code_used(answer: Any, forbidden: Sequence[Any], *, depth: int = 4) -> Any | None:
+    """The first of ``forbidden`` (the course's own functions) that ``answer`` is, or
+    calls anywhere in the code it reaches: its body, its nested functions, the functions
+    it closes over, the learner's own helpers it calls (up to ``depth`` deep), a
+    ``functools.partial`` or a jitted wrapper around any of them, and module attributes
+    it names (``systolic.cycle_count``). None when it uses none of them."""
+    banned = {id(_unwrap(f)): f for f in forbidden} | {id(f): f for f in forbidden}
+    return _search(answer, depth, lambda v: None if v is None else banned.get(id(v)),
+                   lambda names: None)
+
+
+def names_used(answer: Any, names: Iterable[str], *, depth: int = 4) -> str | None:
+    """The first (alphabetically) of ``names`` that the code ``answer`` reaches uses as a
+    global or an attribute (``"cost_analysis"`` for ``compiled.cost_analysis()``), in its
+    own body or the learner's helpers it calls; None when it uses none. For "predict this,
+    do not ask the compiler" exercises."""
+    wanted = frozenset(names)
+    return _search(answer, depth, lambda v: None,
+                   lambda found: min(found & wanted) if found & wanted else None)
 
 
 def _learners(obj: Any) -> bool:
@@ -404,7 +428,7 @@ def _learners(obj: Any) -> bool:
 
 def _filled(cell: Any) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
     except ValueError:
         return False
     return True

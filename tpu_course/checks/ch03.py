@@ -133,7 +133,7 @@ _CLIP_CASES = (("a gradient below the limit", 0.3), ("a gradient above the limit
 def _clip_mistake(w: np.ndarray, g: np.ndarray, m: float, got: np.ndarray) -> str:
     """A hint naming the clipping mistake that gives ``got``, or a general one."""
     norm = float(np.sqrt(np.sum(np.asarray(g, np.float64) ** 2)))
-    close = lambda want: np.allclose(got, want, rtol=1e-5, atol=1e-6)  # noqa: E731
+    close = lambda want: np.allclose(got, want, rtol=1e-5, atol=1e-6)
     if close(w - LR * np.clip(g, -m, m)):
         return ("you clipped each element to [-max_norm, max_norm] (clipping by value); "
                 "clip the gradient's global norm: scale = min(1, max_norm / ||g||)")
@@ -297,7 +297,7 @@ def _ex3_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
 
 def _decay_mistake(w: np.ndarray, g: np.ndarray, lr: float, step: int, got: np.ndarray,
                    lrs: tuple[float, ...]) -> str:
-    close = lambda want: np.allclose(got, want, rtol=1e-5, atol=1e-6)  # noqa: E731
+    close = lambda want: np.allclose(got, want, rtol=1e-5, atol=1e-6)
     if close(w - lr * 0.5 ** (step / HALVING) * g):
         return (f"your rate decays smoothly (step / {HALVING}); it halves every {HALVING} "
                 f"steps: integer division, step // {HALVING}, works on a traced step too")
@@ -410,7 +410,7 @@ def _norms_mistake(got: np.ndarray, params: dict, X: np.ndarray, Y: np.ndarray
     squares = _answers.per_example_squares(params, X, Y)
     want = np.sqrt(sum(squares.values()))
     n = len(want)
-    close = lambda ref: np.allclose(got, ref, rtol=1e-4, atol=1e-5)  # noqa: E731
+    close = lambda ref: np.allclose(got, ref, rtol=1e-4, atol=1e-5)
     grads = _answers.per_example_grads(params, X, Y)
     batch_norm = float(np.sqrt(sum(np.sum(g.mean(axis=0) ** 2) for g in grads.values())))
     per_example = ("take the gradient of ONE example's loss and vmap it over the examples: "

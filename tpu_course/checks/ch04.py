@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import re
-import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from tpu_course.checks._core import (
     Lab,
     as_number,
     close_enough,
+    names_used,
     ok,
     refuse,
     refuse_course_code,
@@ -69,50 +69,10 @@ def _roofline_helpers() -> tuple[Callable, ...]:
 _COMPILER_CALLS = frozenset({"cost_analysis", "memory_analysis", "compile", "get_topology_desc"})
 
 
-def _asks_the_compiler(fn: Any, depth: int = 3) -> str | None:
-    """The compiler call (``cost_analysis``, ``lower`` ...) that ``fn`` or a function of
+def _asks_the_compiler(fn: Any) -> str | None:
+    """The compiler call (``cost_analysis``, ``compile`` ...) that ``fn`` or a function of
     the learner's it calls makes, or None: a prediction is reasoned, not asked."""
-    seen: set[int] = set()
-
-    def codes(code: types.CodeType) -> Any:
-        yield code
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                yield from codes(const)
-
-    def visit(obj: Any, level: int) -> str | None:
-        obj = getattr(obj, "__wrapped__", obj)
-        code = getattr(obj, "__code__", None)
-        if id(obj) in seen or level > depth or not isinstance(code, types.CodeType):
-            return None
-        module = getattr(obj, "__module__", "") or ""
-        if level and module.split(".")[0] in ("tpu_course", "jax", "jaxlib", "numpy"):
-            return None
-        seen.add(id(obj))
-        names = {n for c in codes(code) for n in c.co_names}
-        hit = sorted(names & _COMPILER_CALLS)
-        if hit:
-            return hit[0]
-        glob = getattr(obj, "__globals__", {})
-        found = [glob.get(n) for n in names]
-        found += [c.cell_contents for c in (getattr(obj, "__closure__", None) or ())
-                  if _filled(c)]
-        for value in found:
-            if callable(value) and not isinstance(value, (type, types.ModuleType)):
-                hit_name = visit(value, level + 1)
-                if hit_name:
-                    return hit_name
-        return None
-
-    return visit(fn, 0)
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
+    return names_used(fn, _COMPILER_CALLS)
 
 
 # -- Exercise 1: XLA's FLOPs and bytes, with JAX's own calls -------------------------------
@@ -161,7 +121,7 @@ def _cost_case(kind: str, dims: Sequence[int], dtype: str) -> tuple[Callable, tu
     import jax
 
     a, b, c = dims
-    S = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    S = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
     if kind == "layer":
         return layer, (S(a, b), S(b, c), S(c))
     if kind == "softmax":
@@ -194,7 +154,7 @@ def _truth(fn: Callable, args: tuple[Any, ...]) -> dict[str, float]:
 
 
 def _hidden_cost(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
-    dims = lambda: tuple(int(v) for v in rng.integers(8, 300, 3))  # noqa: E731
+    dims = lambda: tuple(int(v) for v in rng.integers(8, 300, 3))
     return [(COST_FUNCTIONS["two matmuls"], {"cases": (("two matmuls", dims(), "bfloat16"),)}),
             (COST_FUNCTIONS["pytree"], {"cases": (("pytree", dims(), "float32"),)}),
             (COST_FUNCTIONS["jitted"], {"cases": (("jitted", dims(), "float32"),)})]
@@ -510,7 +470,7 @@ def check_tpu_bytes(tpu_bytes: Callable[..., Any],
     compiler = hlo.compile_only_available(target)
     source = (f"the TPU compiler's memory analysis ({target})" if compiler else
               "the T(8,128) layout model (the TPU compiler is not available here)")
-    pad = lambda d, to: -(-d // to) * to  # noqa: E731
+    pad = lambda d, to: -(-d // to) * to
     for shape, size in cases:
         rows, cols = shape
         got = as_number(EX5, tpu_bytes(tuple(shape), size), f"tpu_bytes({tuple(shape)}, {size})")

@@ -12,12 +12,11 @@ by row of the array for many folds at once), and a test holds the two equal.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
 
-from tpu_course.systolic.dataflows import DATAFLOW, Dataflow, FoldGrid
+from tpu_course.systolic.dataflows import Dataflow, FoldGrid
 from tpu_course.systolic.results import EngineRun, Fold, Frame
 
 Segment = tuple[int, int, int, int, int]
@@ -302,7 +301,7 @@ def run_stationary(df: Dataflow, x: np.ndarray, s: np.ndarray, R: int, C: int,
         tt = stream_start[f] + np.arange(T)[:, None] + (R - 1) + cols[None, :]
         y[f] = bottom[tt, cols[None, :]]
     out = np.zeros((T, nd), dt)
-    for f, (kb, nb) in enumerate(folds):            # K tiles in order: same as accumulating
+    for f, (_, nb) in enumerate(folds):             # K tiles in order: same as accumulating
         sl = slice(nb * C, nb * C + cu[f])
         out[:, sl] = out[:, sl] + y[f, :, :cu[f]]
     stats, macs = fold_accounting(df, grid, stream_start, T, timing, ncyc + T + R + C)

@@ -58,7 +58,7 @@ def tpu_padded_bytes(shape: Sequence[int], itemsize: int = 4) -> int:
     if len(shape) < 2:
         raise ValueError("the T(8,128) model is for arrays of rank 2 or more")
     *lead, rows, cols = shape
-    pad = lambda d, to: -(-d // to) * to  # noqa: E731
+    pad = lambda d, to: -(-d // to) * to
     tiles = min(pad(rows, 8) * pad(cols, 128), pad(cols, 8) * pad(rows, 128))
     return math.prod(lead) * tiles * itemsize
 
