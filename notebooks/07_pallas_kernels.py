@@ -81,8 +81,10 @@ rt = runtime.describe()
 print(rt.banner())
 
 # %% slideshow={"slide_type": "skip"}
+import dataclasses
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -216,6 +218,41 @@ else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
 # %% [markdown] slideshow={"slide_type": "skip"}
+# **How a compile-only TPU target is made.** `compile_verdict` is a few lines around JAX's
+# own API, which you can call yourself: `jax.experimental.topologies.get_topology_desc`
+# describes a TPU slice (`"v5e:2x2"`: four v5e chips) whose `devices` are compile-only
+# devices; put a `sharding` on one of them in each placeholder, and `jit`'s usual
+# `trace(...).lower().compile()` runs the real TPU compiler (Mosaic included) on this
+# machine. A block choice the compiler refuses is an exception from `compile()`. This needs
+# `libtpu` (the course's `aot` extra) of the build this jax pins: a mismatched one crashes
+# the whole process (a segmentation fault, not an exception) when it compiles for a
+# topology. Colab's TPU runtime ships jax 0.7.2 with libtpu 0.0.21.1, which does, so the
+# cell asks the course's guard `hlo.tpu_compiler_problem()` first (None: safe here).
+
+# %% slideshow={"slide_type": "subslide"}
+problem = hlo.tpu_compiler_problem()  # None, or why compiling for a TPU target is unsafe here
+if problem is None:
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    if rt.platform != "tpu":
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chips to lock here
+    with runtime.quiet_libtpu():  # drops libtpu's "no TPU metadata" start-up warnings
+        v5e_slice = topologies.get_topology_desc("v5e:2x2", "tpu")
+    chip0 = SingleDeviceSharding(v5e_slice.devices[0])
+    placed = [S(a.shape, a.dtype, sharding=chip0) for a in wide]
+    lowered = jax.jit(functools.partial(matmul, bm=1024, bn=1024)).trace(*placed).lower()
+    try:
+        lowered.compile()
+        print("compiled for", v5e_slice.devices[0].device_kind)
+    except Exception as err:  # noqa: BLE001 - JaxRuntimeError: RESOURCE_EXHAUSTED
+        first = str(err).splitlines()[0].split(" = ")[0]  # the compiler's words, not the HLO
+        print(f"compile() for {v5e_slice.devices[0].device_kind} raised {type(err).__name__}:"
+              f"\n    {first[:120]}")
+else:
+    print("skipped:", problem)
+
+# %% [markdown] slideshow={"slide_type": "skip"}
 # 36 MiB is far less than a v5e's 128 MiB of VMEM, yet the compiler refuses: a kernel's
 # buffers must fit the compiler's **scoped VMEM limit**, a default share of VMEM set
 # aside for one kernel (the rest holds what XLA keeps there between ops). We measure
@@ -246,12 +283,164 @@ else:
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # That the blocks fit does not make them a good idea: a kernel holding 36 MiB leaves
-# XLA's other buffers less room, and the real fix for a long $K$ is to tile $K$ too,
-# keeping a float32 accumulator in VMEM across the $K$ steps. That kernel is yours to
-# write in the lab.
+# XLA's other buffers less room, and the real fix for a long $K$ is to tile $K$ too.
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
+# ## 4. Tile K too: an accumulator in VMEM
+#
+# Cut $K$ into blocks of `bk` and make it a third grid axis, **last**: step $(i, j, k)$
+# reads x's block $(i, k)$ and y's block $(k, j)$, both small whatever $K$ is. The output
+# block $(i, j)$ is now a sum over $K / b_k$ steps, so it needs somewhere to live between
+# them: a **scratch** buffer, `pltpu.VMEM((bm, bn), jnp.float32)` in `scratch_shapes`,
+# which the kernel gets as one more ref after the output's. Three rules make it right:
+#
+# * the grid runs **in order** on a TPU core, and scratch **persists** from step to step:
+#   all of one output block's K steps run back to back, because K is the innermost axis;
+# * so the accumulator is **zeroed at the first K step** (`pl.when(pl.program_id(2) ==
+#   0)`), gets each step's product **added** (`+=`), and is **written out at the last**
+#   (`pl.num_programs(2) - 1`), cast once;
+# * it is **float32** even for bf16 inputs: the MXU sums in float32, and a bf16 sum over
+#   many K steps would round at every step.
+#
+# `dimension_semantics` says which axes carry a dependence: section 5.
+
+# %% slideshow={"slide_type": "subslide"}
+# Same code as tpu_course.kernels.ktiled_kernel, tpu_course.kernels.matmul_ktiled
+def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
+    """One grid step (i, j, k): add x's block (i, k) times y's block (k, j) into a float32
+    accumulator that stays in VMEM across the K steps; zero it at the first K step, write
+    the output block (i, j) at the last."""
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    @pl.when(pl.program_id(2) == 0)  # a new output block starts: clear the accumulator
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    # the MXU multiplies bf16 blocks and sums in float32: keep the float32 sums
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)  # all of K is in: write, cast once
+    def _write():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_bytes=None,
+                  dimension_semantics=("parallel", "parallel", "arbitrary")):
+    """``x @ y`` on a 3-D grid (M / bm, N / bn, K / bk), K innermost: each step reads a
+    (bm, bk) block of x and a (bk, bn) block of y, whatever K is. ``dimension_semantics``
+    tells the compiler which grid axes are independent ("parallel": M and N blocks) and
+    which carry a dependence from step to step ("arbitrary": K, through the accumulator)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    m, k = x.shape
+    n = y.shape[1]
+    return pl.pallas_call(
+        ktiled_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],  # the accumulator: one, float32
+        compiler_params=pltpu.CompilerParams(dimension_semantics=dimension_semantics,
+                                             vmem_limit_bytes=vmem_limit_bytes),
+        interpret=interpret,
+    )(x, y)
+
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The same numbers as `jnp.dot` in the interpreter, over four K steps and four output
+# blocks (the interpreter fills fresh VMEM with NaN, so a forgotten zeroing would show):
+
+# %% slideshow={"slide_type": "skip"}
+xk = jnp.asarray(rng.standard_normal((16, 512)), jnp.float32)
+yk = jnp.asarray(rng.standard_normal((512, 256)), jnp.float32)
+zk = matmul_ktiled(xk, yk, bm=8, bk=128, bn=128, interpret=INTERPRET)
+err = float(jnp.abs(zk - jnp.dot(xk, yk, precision="highest")).max())
+print(f"grid {(16 // 8, 256 // 128, 512 // 128)}: matches jnp.dot: {err < 1e-3}")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# And section 3's problem, $K = 4096$ with 1024-wide output blocks, which needed 36 MiB
+# with all of $K$ in one block: with $K$ in blocks of 512 it fits the default limit.
+
+# %% slideshow={"slide_type": "subslide"}
+if AOT:
+    tiled = functools.partial(matmul_ktiled, bm=1024, bk=512, bn=1024)
+    print("K in 512-blocks, 1024 output blocks:",
+          kernels.compile_verdict(tiled, *wide, target="v5e:1x1"))
+else:
+    print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "two-days"}
+# ## 5. `dimension_semantics`: which axes may run in any order
+#
+# `pltpu.CompilerParams(dimension_semantics=...)` gives each grid axis a promise:
+# **`"parallel"`**: the steps along this axis are independent, so they may run in any
+# order or on different cores; **`"arbitrary"`**: no promise, so they run in order on one
+# core. In the K-tiled matmul the M and N blocks are independent and K is not (each step
+# adds to what the previous one left in the accumulator), hence `("parallel", "parallel",
+# "arbitrary")`. The parallel axes must come first.
+#
+# Who uses the promise? A **megacore** chip: two TensorCores behind one JAX device, on
+# TPU v4 and v5p. There Mosaic splits the grid's parallel axes between the two cores, and
+# each core runs its share in order, with its own VMEM, so its own scratch (JAX's Pallas
+# TPU pipelining guide, docs.jax.dev/en/latest/pallas/tpu/pipelining.html; "for recent TPU
+# chips (v4, v5p), every JAX device may contain 2 TensorCores (aka. a Megacore)", its
+# core_map guide). A v5e or a v6e has one TensorCore per chip, so nothing is split there:
+
+# %% slideshow={"slide_type": "skip"}
+for name in ("v5e", "v6e", "v5p"):
+    chip = hardware.get(name)
+    kind = "megacore" if chip.tensorcores_per_chip > chip.devices_per_chip else "one core each"
+    print(f"{chip.display_name:>18}: {chip.tensorcores_per_chip} TensorCore(s) per chip, "
+          f"{chip.devices_per_chip} JAX device(s) per chip: {kind}")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# So what does marking K `"parallel"` do? Measure it in the interpreter, which keeps the
+# promise literally: it runs each parallel axis in a shuffled order (a permutation from
+# `random_seed`), and with `num_cores` simulated cores it hands each core a contiguous
+# share of the parallel steps, with its own scratch (its source:
+# `jax/_src/pallas/mosaic/interpret`). The field that sets the core count was renamed
+# after jax 0.7, hence the small helper.
+
+# %% slideshow={"slide_type": "subslide"}
+def interpreter(cores=1, seed=None):
+    """Pallas's TPU interpreter with ``cores`` simulated TensorCores per device."""
+    names = {f.name for f in dataclasses.fields(pltpu.InterpretParams)}
+    field = "num_cores_or_threads" if "num_cores_or_threads" in names else "num_cores_per_device"
+    return pltpu.InterpretParams(random_seed=seed, **{field: cores})
+
+
+want = np.asarray(xk, np.float64) @ np.asarray(yk, np.float64)
+for semantics in (("parallel", "parallel", "arbitrary"), ("parallel", "parallel", "parallel")):
+    for cores, seed in ((1, 0), (1, 1), (2, 0)):
+        got = np.asarray(matmul_ktiled(xk, yk, bm=8, bk=128, bn=128, interpret=interpreter(
+            cores, seed), dimension_semantics=semantics), np.float64)
+        blocks = [(got[i:i + 8, j:j + 128], want[i:i + 8, j:j + 128])
+                  for i in (0, 8) for j in (0, 128)]
+        nan = sum(bool(np.isnan(g).any()) for g, _ in blocks)
+        wrong = sum(not np.allclose(g, w, atol=1e-3) for g, w in blocks)
+        print(f"K {semantics[2]:>9}, {cores} core(s), seed {seed}: {wrong} of 4 output blocks "
+              f"wrong ({nan} NaN)")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# With K `"arbitrary"`, every order and core count gives the right product. With K
+# `"parallel"`, every output block is wrong: the K steps ran shuffled, so the step that
+# zeroes the accumulator ($k = 0$) no longer comes first and the one that writes the
+# output ($k$ last) no longer comes last. A block holds some of its own products plus
+# what the previous block left in the accumulator, or NaN where the first steps read
+# fresh memory; the wrong blocks change with the seed. On a real megacore chip K marked
+# parallel could be split between the two cores, and each core would add half of K's
+# steps into its own accumulator: a wrong answer with no error. On a v5e or v6e, with one
+# core, the grid would still run in order and the answer would be right by luck: the
+# interpreter's shuffle is there to catch that before a v5p does.
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 8, "agenda": "two-days"}
-# ## 4. Block size against the MXU and the roofline
+# ## 6. Block size against the MXU and the roofline
 #
 # How big should `bm` and `bn` be? Count HBM traffic. On the 2-D grid, each of the
 # $N/b_n$ columns of tiles reads all of $x$ again, and each of the $M/b_m$ rows reads all
@@ -301,10 +490,10 @@ else:
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The compiler counts each operand once (2 MiB each) and no FLOPs at all: the kernel is
 # opaque to it. The model's 18 MiB (x and y each read 4 times) is what a real chip's
-# time can check (section 6).
+# time can check (section 10).
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
-# ## 5. A fused kernel: a row-wise softmax
+# ## 7. A fused kernel: a row-wise softmax
 #
 # A kernel earns its keep when it does in one pass what XLA does in several. A softmax
 # over rows needs each row's maximum, then the exponentials and their sum, then a
@@ -358,8 +547,208 @@ else:
 # fusion on a v5e (chapter 4's HLO showed it), and a hand-written kernel would at best
 # tie it. Measure before and after on a real chip.
 
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
+# ## 8. Attention over blocks of keys: the online softmax
+#
+# Attention is `softmax(q @ k.T / sqrt(d)) @ v` for `q` of shape `[Lq, d]` and `k`, `v`
+# of shape `[Lk, d]`. Section 7's kernel, extended to it, would hold a block of queries
+# against **all** `Lk` keys: all of `k` and `v` in VMEM, and a whole `[bq, Lk]` row of
+# float32 scores. That grows with the sequence. The way out is the one section 4 took for
+# the matmul: walk the keys in blocks of `bk` on an `"arbitrary"` grid axis and carry
+# what is needed in scratch. A softmax seems to need the whole row (its max, its sum)
+# before anything can be written, but it can be **rescaled as it goes** (the online
+# softmax of flash attention). Per query row, keep the max so far $m$, the sum so far
+# $\ell$ of $e^{s - m}$, and the unnormalised output so far $a$; for each new block of
+# scores $s$:
+#
+# $$m' = \max(m, \max_j s_j), \quad
+# \ell' = e^{m - m'} \ell + \sum_j e^{s_j - m'}, \quad
+# a' = e^{m - m'} a + e^{s - m'} v_{\text{block}},$$
+#
+# and at the last block, output $a / \ell$. The factor $e^{m - m'}$ rescales what was
+# summed against the old max to the new one; nothing overflows, since every exponent is
+# at most 0.
+
+# %% slideshow={"slide_type": "subslide"}
+def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+    kv = pl.program_id(1)  # which block of keys
+
+    @pl.when(kv == 0)  # a new block of queries: empty running max, sum and output
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    q = q_ref[...]
+    s = jax.lax.dot_general(q, k_ref[...], (((1,), (1,)), ((), ())),  # q @ k_block.T
+                            preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    m_prev = m_ref[...]
+    m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+    rescale = jnp.exp(m_prev - m_new)  # what was summed against the old max
+    p = jnp.exp(s - m_new)
+    l_ref[...] = rescale * l_ref[...] + p.sum(axis=-1, keepdims=True)
+    acc_ref[...] = rescale * acc_ref[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
+                                                    preferred_element_type=jnp.float32)
+    m_ref[...] = m_new
+
+    @pl.when(kv == pl.num_programs(1) - 1)  # all keys seen: normalise once
+    def _out():
+        o_ref[...] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
+
+
+def flash_attention(q, k, v, bq=128, bk=128, interpret=False):
+    lq, d = q.shape
+    lk = k.shape[0]
+    return pl.pallas_call(
+        flash_kernel,
+        out_shape=jax.ShapeDtypeStruct((lq, d), q.dtype),
+        grid=(lq // bq, lk // bk),  # query blocks (parallel), then key blocks, in order
+        in_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
+                  pl.BlockSpec((bk, d), lambda i, j: (j, 0)),
+                  pl.BlockSpec((bk, d), lambda i, j: (j, 0))],
+        out_specs=pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32),   # m: running max per row
+                        pltpu.VMEM((bq, 1), jnp.float32),   # l: running sum per row
+                        pltpu.VMEM((bq, d), jnp.float32)],  # a: running output
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=interpret,
+    )(q, k, v)
+
+
+def naive_attention(q, k, v):
+    s = q.astype(jnp.float32) @ k.astype(jnp.float32).T / math.sqrt(q.shape[-1])
+    return (jax.nn.softmax(s, axis=-1) @ v.astype(jnp.float32)).astype(q.dtype)
+
+
+qa, ka, va = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
+              for shape in ((64, 128), (512, 128), (512, 128)))
+out = flash_attention(qa, ka, va, bq=32, bk=128, interpret=INTERPRET)
+err = float(jnp.abs(out - naive_attention(qa, ka, va)).max())
+print(f"grid {(64 // 32, 512 // 128)}: matches the naive softmax(q k^T / sqrt(d)) v: {err < 1e-4}")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# What each version keeps in VMEM, from its block shapes ($s$ bytes per element, bf16
+# here, $d = 128$, 256 queries per block, 512 keys per block). The whole-row version:
+# the q and output blocks double-buffered, `k` and `v` whole (one buffer each: their block
+# never changes from step to step, and the compiler below asks for one), and a float32
+# score row. The online version: q, k, v and output blocks double-buffered, and its
+# scratch: the float32 accumulator and `m` and `\ell`, each `(bq, 1)` float32 padded to
+# a 128-lane tile in VMEM. One grows with $L_k$; the other does not:
+
+# %% slideshow={"slide_type": "subslide"}
+def whole_row_vmem(bq, lk, d, itemsize):
+    return 2 * 2 * bq * d * itemsize + 2 * lk * d * itemsize + 4 * bq * lk
+
+
+def online_vmem(bq, bk, d, itemsize):
+    return 2 * (2 * bq * d + 2 * bk * d) * itemsize + 4 * bq * d + 2 * 4 * bq * 128
+
+
+v5e = hardware.get("v5e")
+limit = kernels.scoped_vmem_limit("v5e:1x1") if AOT else None
+print(f"against a v5e core's {v5e.vmem_bytes / 2**20:.0f} MiB of VMEM"
+      + (f" and the compiler's default {limit / 2**20:.0f} MiB scoped limit" if limit else ""))
+for lk in (1024, 4096, 16384, 65536, 262144):
+    whole, online = whole_row_vmem(256, lk, 128, 2), online_vmem(256, 512, 128, 2)
+    over = ("over all of VMEM" if whole > v5e.vmem_bytes else
+            "over the scoped limit" if limit and whole > limit else
+            "under the scoped limit" if limit else "under VMEM")
+    print(f"Lk {lk:>6}: whole row {whole / 2**20:8.2f} MiB ({over}); online "
+          f"{online / 2**20:.2f} MiB")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The compiler agrees (compile-only for a v5e, 1024 queries): the whole-row kernel at
+# 16384 keys is refused, with its count beside the model's, while the online kernel
+# compiles at 16 times as many keys.
+
+# %% slideshow={"slide_type": "skip"}
+def whole_row_attention(q, k, v, bq=256):
+    lq, d = q.shape
+    lk = k.shape[0]
+
+    def kernel(q_ref, k_ref, v_ref, o_ref):
+        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32) / math.sqrt(d)
+        e = jnp.exp(s - s.max(axis=-1, keepdims=True))
+        p = (e / e.sum(axis=-1, keepdims=True)).astype(v_ref.dtype)
+        o_ref[...] = jnp.dot(p, v_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+    whole = pl.BlockSpec((lk, d), lambda i: (0, 0))  # all keys, at every step
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((lq, d), q.dtype), grid=(lq // bq,),
+        in_specs=[pl.BlockSpec((bq, d), lambda i: (i, 0)), whole, whole],
+        out_specs=pl.BlockSpec((bq, d), lambda i: (i, 0)))(q, k, v)
+
+
+if AOT:
+    def qkv(lk):
+        return S((1024, 128), jnp.bfloat16), S((lk, 128), jnp.bfloat16), S((lk, 128), jnp.bfloat16)
+
+    print(f"whole row, Lk 16384 (model {whole_row_vmem(256, 16384, 128, 2) / 2**20:.2f} MiB):",
+          kernels.compile_verdict(whole_row_attention, *qkv(16384)))
+    print("online, Lk 262144:", kernels.compile_verdict(
+        functools.partial(flash_attention, bq=256, bk=512), *qkv(262144)))
+else:
+    print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The online kernel's VMEM is set by `bq`, `bk` and `d` alone; the keys' length only adds
+# grid steps. This is the core of flash attention; the production kernels
+# (`jax.experimental.pallas.ops.tpu.flash_attention`) add batches and heads as grid axes,
+# causal masking that skips whole blocks, and the backward pass.
+
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "self-paced"}
-# ## 6. On a GPU, and on a real TPU
+# ## 9. A kernel in training: `jax.custom_vjp`
+#
+# A model trains with `jax.grad`, and a `pallas_call` is opaque to it. Try it on section
+# 7's softmax kernel:
+
+# %% slideshow={"slide_type": "skip"}
+xs = jnp.asarray(rng.standard_normal((128, 256)), jnp.float32)
+ts = jnp.asarray(rng.standard_normal((128, 256)), jnp.float32)
+try:
+    jax.grad(lambda a: (softmax(a, interpret=INTERPRET) * ts).sum())(xs)
+    print("jax.grad went through the kernel")
+except Exception as err:  # noqa: BLE001 - whatever jax says, show it
+    print(f"jax.grad through the kernel raised {type(err).__name__}: "
+          f"{str(err).splitlines()[0][:110]}")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# So give it the derivative yourself. `jax.custom_vjp` pairs a forward function (here the
+# kernel, which also returns what the backward pass needs: the softmax's output $y$) with
+# a backward one that maps the output's cotangent $g$ to the input's. For a softmax over
+# rows, $\partial L / \partial x = y \odot (g - \sum_j g_j y_j)$ per row: plain JAX,
+# which XLA fuses (a kernel for it is the next step, not needed for correctness).
+
+# %% slideshow={"slide_type": "subslide"}
+@jax.custom_vjp
+def softmax_trainable(x):
+    return softmax(x, interpret=INTERPRET)
+
+
+def softmax_fwd(x):
+    y = softmax(x, interpret=INTERPRET)
+    return y, y  # the output, and what the backward pass keeps: y itself
+
+
+def softmax_bwd(y, g):
+    return (y * (g - (g * y).sum(axis=-1, keepdims=True)),)  # one cotangent per input
+
+
+softmax_trainable.defvjp(softmax_fwd, softmax_bwd)
+
+mine = jax.grad(lambda a: (softmax_trainable(a) * ts).sum())(xs)
+xla = jax.grad(lambda a: (xla_softmax(a) * ts).sum())(xs)
+print(f"gradient matches jax.grad of jax.nn.softmax: {float(jnp.abs(mine - xla).max()) < 1e-5}")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# `softmax_trainable` now goes anywhere a JAX function goes in a train step: under `jit`,
+# inside `jax.value_and_grad`, in an Optax update. The same pattern wraps the online
+# softmax of section 8, whose backward pass is itself a kernel in production
+# implementations (it recomputes the scores block by block rather than storing them).
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "self-paced"}
+# ## 10. On a GPU, and on a real TPU
 #
 # **GPU.** Pallas has GPU backends too, with the same `pallas_call`, grid and
 # `BlockSpec` ideas. **Mosaic GPU** needs Hopper or newer (H100, H200; it uses their TMA
@@ -399,10 +788,19 @@ else:
 #   in VMEM; `jnp.dot` in it runs on the MXU.
 # * Blocks obey the (8, 128) tile and the compiler's scoped VMEM limit (measured above),
 #   counted double-buffered; `pltpu.CompilerParams(vmem_limit_bytes=...)` raises it.
+# * A long $K$ becomes a grid axis, last and `"arbitrary"`, with a float32 accumulator in
+#   VMEM scratch: zeroed at the first K step, written at the last.
+# * `dimension_semantics` promises which axes are independent; a megacore chip (v4, v5p)
+#   splits the `"parallel"` ones between its two cores, so an axis that carries a sum
+#   must be `"arbitrary"` (the interpreter shuffles parallel axes to catch it).
 # * Block size sets HBM re-reads, so intensity: your own traffic model places a block
 #   choice on the roofline; XLA's cost analysis cannot.
 # * A kernel is worth writing for a fusion XLA will not make; the TPU interpreter checks
-#   its numbers anywhere, the TPU compiler its HLO, a real chip its time.
+#   its numbers anywhere, the TPU compiler its HLO (through JAX's topology API, once the
+#   guard says libtpu matches jax), a real chip its time.
+# * The online softmax walks the keys in blocks, so attention's VMEM stops growing with
+#   the sequence; `jax.custom_vjp` gives a kernel the gradient `jax.grad` cannot derive.
 #
-# The lab: tile $K$ with an accumulator, predict which blocks compile, and fuse
-# softmax($QK^T$) for a block of queries.
+# The lab: fuse a dense layer's bias and ReLU into the K-tiled kernel, predict its VMEM
+# and which blocks compile, fuse softmax($QK^T$) for a block of queries, and race XLA's
+# own fused layer on a real chip.

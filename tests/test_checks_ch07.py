@@ -1,7 +1,8 @@
 """Lab 7 checkers: honest kernels written differently from the course's pass (also on the
 grader's unseen inputs); each planted mistake and shortcut fails with a message that names
-it (the matmul or the softmax outside the kernel, K not tiled or not last or marked
-parallel, a 16-bit accumulator, a wrong index map, a missing zeroing, ...); the course's
+it (the matmul, the bias, the ReLU or the softmax outside the kernel, K not tiled or not last
+or marked parallel, a 16-bit accumulator, the bias or the ReLU at the wrong K step, a wrong
+index map, a missing zeroing, ...); the course's
 own answers are refused; garbage never raises."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_course import checks, hlo
+from tpu_course import checks, hlo, kernels
 from tpu_course.checks import NotWritten, _core, ch07
 from tpu_course.checks._answers import ch07 as answers
 
@@ -31,99 +32,91 @@ def fresh_state():
     _core._LAST.clear()
 
 
-# -- Exercise 1: an honest kernel that is not the course's, and planted variants ------------
+# -- Exercise 1: an honest fused layer that is not the course's, and planted variants -------
 
 
-def honest_kernel(x_ref, y_ref, o_ref, acc_ref, *, k_axis=2):
-    """Written differently: lax.dot_general, zeros built from the shape, a step counter."""
+def honest_kernel(x_ref, w_ref, b_ref, o_ref, acc_ref, *, k_axis=2, mistake=None):
+    """Written differently: the accumulator starts at the bias, lax.dot_general, zeros-free,
+    a where() for the ReLU. ``mistake`` plants one error."""
     step, last = pl.program_id(k_axis), pl.num_programs(k_axis) - 1
+    bias = b_ref[...].astype(jnp.float32)
+    start = jnp.zeros(acc_ref.shape, jnp.float32) if mistake in ("no bias", "bias after",
+                                                                  "bias every step") else (
+        jnp.broadcast_to(bias, acc_ref.shape))
+    start = start.astype(acc_ref.dtype)
+    if mistake == "never zeroed":
+        pass
+    elif mistake == "zeroed once":
+        first = (pl.program_id(0) == 0) & (pl.program_id(1) == 0) & (step == 0)
 
-    @pl.when(step == 0)
-    def _():
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+        @pl.when(first)
+        def _():
+            acc_ref[...] = start
+    else:
+        @pl.when(step == 0)
+        def _():
+            acc_ref[...] = start
 
-    acc_ref[...] = acc_ref[...] + jax.lax.dot_general(
-        x_ref[...], y_ref[...], (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    part = jax.lax.dot_general(x_ref[...], w_ref[...], (((1,), (0,)), ((), ())),
+                               preferred_element_type=None if mistake == "narrow dot"
+                               else jnp.float32).astype(acc_ref.dtype)
+    if mistake == "relu per part":
+        part = jnp.maximum(part, 0)
+    if mistake == "overwrites":
+        acc_ref[...] = start + part
+    elif mistake == "relu running":
+        acc_ref[...] = jnp.maximum(acc_ref[...] + part, 0)
+    elif mistake == "bias every step":
+        acc_ref[...] = acc_ref[...] + part + bias
+    else:
+        acc_ref[...] = acc_ref[...] + part
 
     @pl.when(step == last)
     def _():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+        z = acc_ref[...].astype(jnp.float32)
+        if mistake == "no relu":
+            out = z
+        elif mistake == "bias after":
+            out = jnp.where(z > 0, z, 0.0) + bias
+        else:
+            out = jnp.where(z > 0, z, 0.0)
+        o_ref[...] = out.astype(o_ref.dtype)
 
 
-def honest_matmul(x, y, bm, bk, bn, interpret, *, kernel=honest_kernel, y_map=None,
-                  semantics=("parallel", "parallel", "arbitrary"), acc=jnp.float32):
+def honest_dense(x, w, b, bm, bk, bn, interpret, *, kernel=honest_kernel, b_map=None,
+                 semantics=("parallel", "parallel", "arbitrary"), acc=jnp.float32):
     """N-blocks outer, M-blocks inner, K last (another loop order than the course's)."""
-    (m, k), n = x.shape, y.shape[1]
+    (m, k), n = x.shape, w.shape[1]
     return pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         grid=(n // bn, m // bm, k // bk),
         in_specs=[pl.BlockSpec((bm, bk), lambda j, i, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), y_map or (lambda j, i, kk: (kk, j)))],
+                  pl.BlockSpec((bk, bn), lambda j, i, kk: (kk, j)),
+                  pl.BlockSpec((1, bn), b_map or (lambda j, i, kk: (0, j)))],
         out_specs=pl.BlockSpec((bm, bn), lambda j, i, kk: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), acc)],
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics) if semantics else None,
-        interpret=interpret)(x, y)
+        interpret=interpret)(x, w, b)
 
 
-def never_zeroed(x_ref, y_ref, o_ref, acc_ref):
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def zeroed_once(x_ref, y_ref, o_ref, acc_ref):
-    first = (pl.program_id(0) == 0) & (pl.program_id(1) == 0) & (pl.program_id(2) == 0)
-
-    @pl.when(first)
-    def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    never_zeroed(x_ref, y_ref, o_ref, acc_ref)
-
-
-def overwrites(x_ref, y_ref, o_ref, acc_ref):
-    acc_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def narrow_product(x_ref, y_ref, o_ref, acc_ref):  # no preferred_element_type
-    @pl.when(pl.program_id(2) == 0)
-    def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...]).astype(acc_ref.dtype)
+def never_zeroed_max(x_ref, w_ref, b_ref, o_ref, acc_ref):
+    acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+        o_ref[...] = jnp.maximum(acc_ref[...] + b_ref[...], 0).astype(o_ref.dtype)
 
 
-def into_output(x, y, bm, bk, bn, interpret):
-    """Accumulates in the output block: float32 for float32 inputs, bf16 for bf16 ones."""
-    (m, k), n = x.shape, y.shape[1]
-
-    def kernel(x_ref, y_ref, o_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            o_ref[...] = jnp.zeros_like(o_ref)
-
-        o_ref[...] += jnp.dot(x_ref[...], y_ref[...],
-                              preferred_element_type=jnp.float32).astype(o_ref.dtype)
-
-    return pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // bm, n // bn, k // bk),
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)), interpret=interpret)(x, y)
+def planted(mistake, **kw):
+    return lambda *a: honest_dense(
+        *a, kernel=lambda *r: honest_kernel(*r, mistake=mistake), **kw)
 
 
 def copy_kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...]
 
 
-def copies(a, bm, bn, interpret, grid_k=1):
+def copies(a, bm, bn, interpret):
     m, n = a.shape
     return pl.pallas_call(
         copy_kernel, out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(m // bm, n // bn),
@@ -131,42 +124,99 @@ def copies(a, bm, bn, interpret, grid_k=1):
         out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)), interpret=interpret)(a)
 
 
-def dot_then_copy(x, y, bm, bk, bn, interpret):
-    return copies(jnp.dot(x, y), bm, bn, interpret)
+def matmul_only(x, w, bm, bk, bn, interpret):
+    """The chapter's K-tiled matmul, written out (not the package's)."""
+    (m, k), n = x.shape, w.shape[1]
+
+    def kernel(x_ref, w_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=interpret)(x, w)
 
 
-def sum_then_copy(x, y, bm, bk, bn, interpret):  # a matmul without dot_general, outside
-    return copies((x[:, :, None] * y[None, :, :]).sum(1), bm, bn, interpret)
+def epilogue_outside(x, w, b, bm, bk, bn, interpret):
+    return jax.nn.relu(matmul_only(x, w, bm, bk, bn, interpret) + b)
 
 
-def whole_k(x, y, bm, bk, bn, interpret):
-    """The chapter's matmul: K in one block, bk ignored."""
-    (m, k), n = x.shape, y.shape[1]
+def bias_outside(x, w, b, bm, bk, bn, interpret):
+    return matmul_only(x, w, bm, bk, bn, interpret) + b  # and no relu anywhere
 
-    def kernel(x_ref, y_ref, o_ref):
-        o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+def dot_then_copy(x, w, b, bm, bk, bn, interpret):
+    return copies(jax.nn.relu(jnp.dot(x, w) + b), bm, bn, interpret)
+
+
+def whole_k(x, w, b, bm, bk, bn, interpret):
+    """The chapter's first matmul with the epilogue: K in one block, bk ignored."""
+    (m, k), n = x.shape, w.shape[1]
+
+    def kernel(x_ref, w_ref, b_ref, o_ref):
+        z = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32) + b_ref[...]
+        o_ref[...] = jnp.maximum(z, 0).astype(o_ref.dtype)
 
     return pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // bm, n // bn),
         in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
-                  pl.BlockSpec((k, bn), lambda i, j: (0, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)), interpret=interpret)(x, y)
+                  pl.BlockSpec((k, bn), lambda i, j: (0, j)),
+                  pl.BlockSpec((1, bn), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)), interpret=interpret)(x, w, b)
 
 
-def k_first(x, y, bm, bk, bn, interpret):
-    (m, k), n = x.shape, y.shape[1]
+def k_first(x, w, b, bm, bk, bn, interpret):
+    (m, k), n = x.shape, w.shape[1]
     return pl.pallas_call(
         lambda *r: honest_kernel(*r, k_axis=0), out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         grid=(k // bk, m // bm, n // bn),
         in_specs=[pl.BlockSpec((bm, bk), lambda kk, i, j: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda kk, i, j: (kk, j))],
+                  pl.BlockSpec((bk, bn), lambda kk, i, j: (kk, j)),
+                  pl.BlockSpec((1, bn), lambda kk, i, j: (0, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda kk, i, j: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)], interpret=interpret)(x, y)
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)], interpret=interpret)(x, w, b)
 
 
-def fixed_128(x, y, bm, bk, bn, interpret):
-    """Ignores bm and bn (types 128): right on the notebook's cases only."""
-    return honest_matmul(x, y, 128, bk, 128, interpret)
+def into_output(x, w, b, bm, bk, bn, interpret):
+    """Accumulates in the output block: float32 for float32 inputs, bf16 for bf16 ones."""
+    (m, k), n = x.shape, w.shape[1]
+
+    def kernel(x_ref, w_ref, b_ref, o_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += jnp.dot(x_ref[...], w_ref[...],
+                              preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = jnp.maximum(o_ref[...] + b_ref[...], 0)
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+                  pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)), interpret=interpret)(x, w, b)
+
+
+def fixed_blocks(x, w, b, bm, bk, bn, interpret):
+    """Ignores bm and bn (types the notebook's 32 and 128): right on the notebook's cases only."""
+    return honest_dense(x, w, b, 32, bk, 128, interpret)
 
 
 def test_registry():
@@ -175,18 +225,19 @@ def test_registry():
     assert {"transfer", "predict"} <= {e.kind for e in lab.exercises}
     assert [e.needs for e in lab.exercises] == ["cpu", "cpu", "tpu-compiler", "cpu", "accelerator"]
     assert [e.names for e in lab.exercises] == [
-        ("matmul_ktiled",), ("vmem_footprint",), ("verdicts",), ("attention_scores",),
-        ("matmul_ktiled", "fast_blocks")]
+        ("dense_relu",), ("vmem_footprint",), ("verdicts",), ("attention_scores",),
+        ("dense_relu", "fast_blocks")]
     assert [e.hidden is not None for e in lab.exercises] == [True, True, False, True, False]
-    for name in ("matmul_ktiled_reference", "ktiled_kernel", "footprint", "candidate_verdict",
+    for name in ("dense_relu_reference", "dense_relu_kernel", "footprint", "candidate_verdict",
                  "scores_reference"):  # the course's answers are not public names
         assert not hasattr(ch07, name), name
 
 
 def test_honest_answers_pass_the_grader_also_on_unseen_inputs():
-    """Not the course's answers: another grid order, lax.dot_general, a jit wrapper, jnp.dot
-    with k transposed in the kernel, a footprint summed over a list."""
-    namespace = {"matmul_ktiled": jax.jit(honest_matmul, static_argnums=(2, 3, 4, 5)),
+    """Not the course's answers: another grid order, lax.dot_general, the accumulator started
+    at the bias, a jit wrapper, jnp.dot with k transposed in the kernel, a footprint summed
+    over a list."""
+    namespace = {"dense_relu": jax.jit(honest_dense, static_argnums=(3, 4, 5, 6)),
                  "vmem_footprint": honest_footprint, "verdicts": RIGHT,
                  "attention_scores": scores, "fast_blocks": (512, 1024, 1024)}
     results = ch07.LAB.grade(namespace, seed=SEED)
@@ -200,8 +251,8 @@ def test_honest_answers_pass_the_grader_also_on_unseen_inputs():
 
 
 def test_blocks_typed_in_pass_the_notebook_but_not_the_grader():
-    assert ch07.check_matmul_ktiled(fixed_128)
-    r = ch07.LAB.exercises[0].grade_hidden({"matmul_ktiled": fixed_128}, SEED)
+    assert ch07.check_dense_relu(fixed_blocks)
+    r = ch07.LAB.exercises[0].grade_hidden({"dense_relu": fixed_blocks}, SEED)
     assert not r and "does not show (a [" in r.message and not r.answer
 
 
@@ -209,58 +260,72 @@ SEMANTICS_K_PARALLEL = ("parallel", "parallel", "parallel")
 
 EX1_MISTAKES = [
     # (what, answer, words in the message, words in the hint)
-    ("jnp.dot and a copying pallas_call", dot_then_copy, "outside your kernel", "copy"),
-    ("a matmul outside written without dot", sum_then_copy, "does no matmul", "jnp.dot"),
-    ("no kernel at all", lambda x, y, *a: x @ y, "no pallas_call", "pl.pallas_call"),
-    ("K held whole (bk ignored)", whole_k, "no K axis", "3-D grid"),
+    ("the chapter's matmul kernel, then relu(+ b) in XLA", epilogue_outside,
+     "activation runs outside", "last K step"),
+    ("the bias outside and no relu", bias_outside, "bias is added outside", "(1, bn)"),
+    ("jnp.dot and a copying pallas_call", dot_then_copy, "matmul runs outside", "inside the"),
+    ("no kernel at all", lambda x, w, b, *a: jax.nn.relu(x @ w + b), "no pallas_call",
+     "pl.pallas_call"),
+    ("K held whole (bk ignored)", whole_k, "no K axis", "K-tiled grid"),
     ("K first in the grid", k_first, "not the last axis", "innermost"),
-    ("K marked parallel", lambda *a: honest_matmul(*a, semantics=SEMANTICS_K_PARALLEL),
+    ("K marked parallel", lambda *a: honest_dense(*a, semantics=SEMANTICS_K_PARALLEL),
      "K axis 'parallel'", '"arbitrary"'),
-    ("a bf16 scratch accumulator",
-     lambda *a: honest_matmul(*a, kernel=narrow_product, acc=jnp.bfloat16),
+    ("a bf16 scratch accumulator", lambda *a: honest_dense(*a, acc=jnp.bfloat16),
      "accumulator (scratch) is bfloat16", "float32"),
     ("accumulating in the bf16 output block", into_output, "adds the K steps' products in "
      "bfloat16", "float32 accumulator"),
-    ("jnp.dot without preferred_element_type", lambda *a: honest_matmul(*a, kernel=narrow_product),
-     "returns bfloat16", "preferred_element_type"),
-    ("two kernels", lambda x, y, bm, bk, bn, i: copies(honest_matmul(x, y, bm, bk, bn, i), bm, bn, i),
-     "2 pallas_calls", "HBM"),
-    ("y's index map swapped", lambda *a: honest_matmul(*a, y_map=lambda j, i, kk: (kk, i)),
-     "numbers are wrong", "index maps"),
-    ("y's index map out of bounds", lambda *a: honest_matmul(*a, y_map=lambda j, i, kk: (j, kk)),
+    ("jnp.dot without preferred_element_type", planted("narrow dot"), "returns bfloat16",
+     "preferred_element_type"),
+    ("two kernels", lambda x, w, b, bm, bk, bn, i: copies(
+        honest_dense(x, w, b, bm, bk, bn, i), bm, bn, i), "2 pallas_calls", "HBM"),
+    ("no relu", planted("no relu"), "no activation", "jnp.maximum"),
+    ("no bias", planted("no bias"), "bias is missing", "(1, bn)"),
+    ("bias after the relu", planted("bias after"), "after the ReLU", "add the bias first"),
+    ("bias at every K step", planted("bias every step"), "every K step", "once"),
+    ("relu on each partial product", planted("relu per part"), "each K step's partial",
+     "once, after the last K step"),
+    ("relu on the running sum", planted("relu running"), "running sum", "once, after"),
+    ("bias block at (0, i)", planted(None, b_map=lambda j, i, kk: (0, i)), "numbers are wrong",
+     "(0, j)"),
+    ("bias block out of bounds", planted(None, b_map=lambda j, i, kk: (0, kk)),
      "outside its array", "index maps"),
-    ("accumulator never zeroed", lambda *a: honest_matmul(*a, kernel=never_zeroed), "NaN", "zero"),
-    ("accumulator zeroed once (M, N parallel: fresh scratch per core)",
-     lambda *a: honest_matmul(*a, kernel=zeroed_once), "NaN", "zero"),
-    ("accumulator zeroed once", lambda *a: honest_matmul(*a, kernel=zeroed_once, semantics=None),
-     "sum of all the blocks before", "zero"),
-    ("= instead of +=", lambda *a: honest_matmul(*a, kernel=overwrites), "last K block", "+="),
-    ("untraceable", lambda x, y, *a: jnp.asarray(__import__("numpy").asarray(x) @ y),
+    ("accumulator never set (a where() ReLU hides the NaN)", planted("never zeroed"),
+     "never wrote", "pl.program_id(2) == 0"),
+    ("accumulator set once (M, N parallel: shuffled order)", planted("zeroed once"),
+     "never wrote", "pl.program_id(2) == 0"),
+    ("accumulator set once", planted("zeroed once", semantics=None),
+     "sum of all the blocks before", "zero it"),
+    ("accumulator never zeroed, jnp.maximum ReLU", lambda *a: honest_dense(
+        *a, kernel=never_zeroed_max), "NaN", "zeroed"),
+    ("= instead of +=", planted("overwrites"), "last K block's product", "+="),
+    ("untraceable", lambda x, w, b, *a: jnp.asarray(__import__("numpy").asarray(x) @ w),
      "tracing your function", "trace"),
 ]
 
 
 @pytest.mark.parametrize("what, answer, message, hint", EX1_MISTAKES,
                          ids=[m[0] for m in EX1_MISTAKES])
-def test_matmul_ktiled_mistakes_are_named(what, answer, message, hint):
-    r = ch07.check_matmul_ktiled(answer)
-    assert r.status == "failed", what
+def test_dense_relu_mistakes_are_named(what, answer, message, hint):
+    r = ch07.check_dense_relu(answer)
+    assert r.status == "failed", (what, r)
     assert message in r.message and hint in r.hint, (what, r)
-    assert "index maps" not in r.hint or "index map" in what
 
 
-@pytest.mark.parametrize("answer", [answers.matmul_ktiled_reference,
-                                    lambda *a: answers.matmul_ktiled_reference(*a),
-                                    lambda *a: honest_matmul(*a, kernel=answers.ktiled_kernel)])
-def test_matmul_ktiled_refuses_the_courses_kernel(answer):
-    r = ch07.check_matmul_ktiled(answer)
+@pytest.mark.parametrize("answer", [
+    answers.dense_relu_reference,
+    lambda *a: answers.dense_relu_reference(*a),
+    lambda *a: honest_dense(*a, kernel=answers.dense_relu_kernel),
+    lambda x, w, b, bm, bk, bn, i: jax.nn.relu(kernels.matmul_ktiled(x, w, bm, bk, bn, i) + b),
+    lambda x, w, b, *a: answers.dense_relu_xla(x, w, b)])
+def test_dense_relu_refuses_the_courses_code(answer):
+    r = ch07.check_dense_relu(answer)
     assert not r and "course's own function" in r.message and "write this yourself" in r.hint
 
 
-def test_matmul_ktiled_garbage():
-    assert not ch07.check_matmul_ktiled(lambda *a: "256")
-    assert not ch07.check_matmul_ktiled(42)
-    assert ch07.check_matmul_ktiled(NotWritten("Exercise 1")).status == "not written"
+def test_dense_relu_garbage():
+    assert not ch07.check_dense_relu(lambda *a: "256")
+    assert not ch07.check_dense_relu(42)
+    assert ch07.check_dense_relu(NotWritten("Exercise 1")).status == "not written"
 
 
 # -- Exercise 2 ------------------------------------------------------------------------------
@@ -460,31 +525,35 @@ def reachable(monkeypatch):
 def test_fast_is_skipped_off_a_tpu():
     if jax.default_backend() == "tpu":
         pytest.skip("graded on a TPU")
-    assert ch07.check_fast(honest_matmul, (512, 512, 512)).status == "skipped"
+    assert ch07.check_fast(honest_dense, (512, 512, 512)).status == "skipped"
 
 
 @pytest.mark.skipif(jax.default_backend() == "tpu", reason="times on a TPU")
 def test_fast_needs_a_pallas_kernel_before_any_timing(reachable):
-    assert reachable(honest_matmul, (512, 1024, 1024)).status == "skipped"
-    r = reachable(lambda x, y, *a: jnp.dot(x, y), (512, 512, 512))
+    assert reachable(honest_dense, (512, 1024, 1024)).status == "skipped"
+    r = reachable(lambda x, w, b, *a: jax.nn.relu(jnp.dot(x, w) + b), (512, 512, 512))
     assert not r and "no pallas_call" in r.message
     r = reachable(dot_then_copy, (512, 512, 512))
     assert not r and "outside your kernel" in r.message
-    r = reachable(lambda *a: honest_matmul(*a, semantics=SEMANTICS_K_PARALLEL), (512, 512, 512))
+    r = reachable(epilogue_outside, (512, 512, 512))
+    assert not r and "activation runs outside" in r.message
+    r = reachable(lambda *a: honest_dense(*a, semantics=SEMANTICS_K_PARALLEL), (512, 512, 512))
     assert not r and "'parallel'" in r.message
     r = reachable(into_output, (512, 512, 512))
     assert not r and "bfloat16" in r.message
-    r = reachable(answers.matmul_ktiled_reference, (512, 512, 512))
-    assert not r and "course's own function" in r.message
-    assert "divide" in reachable(honest_matmul, (512, 500, 512)).message
-    assert "three" in reachable(honest_matmul, "512").message
-    assert "three" in reachable(honest_matmul, (512, 512)).message
+    for course in (answers.dense_relu_reference, lambda x, w, b, *a: jax.nn.relu(
+            kernels.matmul_ktiled(x, w, *a) + b)):
+        r = reachable(course, (512, 512, 512))
+        assert not r and "course's own function" in r.message
+    assert "divide" in reachable(honest_dense, (512, 500, 512)).message
+    assert "three" in reachable(honest_dense, "512").message
+    assert "three" in reachable(honest_dense, (512, 512)).message
 
 
 def test_fast_grades_the_locked_prediction(reachable, capsys):
     ch07.LAB.predict("Exercise 5", (512, 500, 512))
     assert ch07.LAB.predicted("Exercise 5")
-    r = reachable(honest_matmul, (512, 1024, 1024))  # changed after the measurement
+    r = reachable(honest_dense, (512, 1024, 1024))  # changed after the measurement
     assert not r and "divide" in r.message and "recorded before" in r.message
 
 

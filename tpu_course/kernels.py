@@ -1,8 +1,12 @@
 """Instruments for writing Pallas kernels (chapter 7): where a kernel runs, and the TPU
 compiler's verdict on a block choice.
 
-The kernels themselves are written in the chapter and the lab; this module holds what
-grades and explains them:
+The kernels are written in the chapter and the lab; this module holds what grades and
+explains them, and the one kernel the lab and the tests reuse:
+
+* :func:`ktiled_kernel` and :func:`matmul_ktiled`: the K-tiled matmul with a float32
+  accumulator, as chapter 7 writes it (the chapter's cell is this source); lab 7 compiles
+  it to measure VMEM footprints, and the tests grade the compiler's verdicts with it.
 
 * :func:`interpret_mode`: the ``interpret=`` argument for ``pl.pallas_call`` on this
   runtime: ``False`` on a TPU (the kernel runs for real, compiled by Mosaic), otherwise
@@ -145,6 +149,52 @@ def compile_verdict(fn: Callable, *args: Any, target: str = "v5e:1x1") -> Verdic
                      text.splitlines()[0])
         return Verdict(TOO_BIG, target, first[:300], *(sizes or (None, None)))
     return Verdict(FITS, target)
+
+
+def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
+    """One grid step (i, j, k): add x's block (i, k) times y's block (k, j) into a float32
+    accumulator that stays in VMEM across the K steps; zero it at the first K step, write
+    the output block (i, j) at the last."""
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    @pl.when(pl.program_id(2) == 0)  # a new output block starts: clear the accumulator
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    # the MXU multiplies bf16 blocks and sums in float32: keep the float32 sums
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)  # all of K is in: write, cast once
+    def _write():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_bytes=None,
+                  dimension_semantics=("parallel", "parallel", "arbitrary")):
+    """``x @ y`` on a 3-D grid (M / bm, N / bn, K / bk), K innermost: each step reads a
+    (bm, bk) block of x and a (bk, bn) block of y, whatever K is. ``dimension_semantics``
+    tells the compiler which grid axes are independent ("parallel": M and N blocks) and
+    which carry a dependence from step to step ("arbitrary": K, through the accumulator)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    m, k = x.shape
+    n = y.shape[1]
+    return pl.pallas_call(
+        ktiled_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],  # the accumulator: one, float32
+        compiler_params=pltpu.CompilerParams(dimension_semantics=dimension_semantics,
+                                             vmem_limit_bytes=vmem_limit_bytes),
+        interpret=interpret,
+    )(x, y)
 
 
 def _copy_kernel(x_ref: Any, o_ref: Any) -> None:

@@ -7,7 +7,8 @@ softmax), on the grid the exercise asks for, with the compiler parameters and th
 accumulator dtype it asks for. Their numbers: Pallas's TPU interpreter on any runtime
 (:func:`tpu_course.kernels.interpret_mode`). Where the TPU compiler is installed (``libtpu``,
 see :func:`tpu_course.hlo.tpu_compiler_problem`) it also grades their blocks and the HLO
-they produce, and on a real TPU their time against ``jnp.dot``'s (:mod:`tpu_course.bench`).
+they produce, and on a real TPU their time against XLA's own fused layer
+(:mod:`tpu_course.bench`).
 
 The course's own answers live in :mod:`tpu_course.checks._answers.ch07`; an answer that is,
 or calls, one of them is refused.
@@ -27,14 +28,14 @@ from tpu_course.checks._core import (
 
 LAB = Lab(7, "Pallas kernels for the MXU")
 
-EX1 = "Exercise 1 (K-tiled matmul kernel)"
+EX1 = "Exercise 1 (fused matmul + bias + ReLU kernel)"
 EX2 = "Exercise 2 (double-buffered VMEM footprint)"
 EX3 = "Exercise 3 (which blocks compile)"
 EX4 = "Exercise 4 (fused softmax(QK^T) kernel)"
-EX5 = "Exercise 5 (a real chip: near jnp.dot's time)"
+EX5 = "Exercise 5 (a real chip: near XLA's fused layer)"
 
 #: Exercise 1's cases: (m, k, n) and blocks (bm, bk, bn), float32, interpret mode.
-MATMUL_CASES = (((256, 384, 256), (128, 128, 128)), ((128, 512, 384), (128, 256, 128)))
+DENSE_CASES = (((64, 384, 256), (32, 128, 128)), ((32, 512, 384), (32, 256, 128)))
 #: Exercise 2's cases: blocks (bm, bk, bn) and the element size in bytes.
 FOOTPRINT_CASES = (((512, 512, 512), 2), ((256, 1024, 128), 4), ((8, 128, 256), 2))
 #: Exercise 3: the problem, the target, and the candidate blocks (bm, bk, bn).
@@ -51,8 +52,8 @@ FAST_PROBLEM = (4096, 4096, 4096)
 FAST_FRACTION = 0.7
 
 _VERDICTS = (kernels.FITS, kernels.MISALIGNED, kernels.TOO_BIG)
-_INDEX_MAPS = ("check the index maps: step (i, j, k) needs x's block (i, k), y's block "
-               "(k, j), and writes the output's block (i, j)")
+_INDEX_MAPS = ("check the index maps: step (i, j, k) needs x's block (i, k), w's block "
+               "(k, j), the bias's block (0, j), and writes the output's block (i, j)")
 
 
 def _arrays(shape_a: tuple[int, ...], shape_b: tuple[int, ...], seed: int = 0) -> tuple[Any, Any]:
@@ -207,33 +208,57 @@ def _one_kernel(exercise: str, program: _Program, what: str) -> _Kernel:
 
 # -- Exercise 1 ----------------------------------------------------------------------
 
+#: Primitives a ReLU (or another max-with-zero) traces to.
+_ACTIVATION = frozenset({"max", "select_n", "clamp", "relu"})
 
-def _ktiled_program(exercise: str, matmul_ktiled: Callable[..., Any], x: Any, y: Any,
-                    blocks: tuple[int, int, int], interpret: Any, case: str) -> None:
-    """Ends the check unless ``matmul_ktiled`` traces to one pallas_call whose kernel does
-    the matmul, on a grid with K's steps last, K not marked parallel, and (for narrow
-    inputs) a float32 accumulation."""
+
+def _dense_program(exercise: str, dense_relu: Callable[..., Any], x: Any, w: Any, b: Any,
+                   blocks: tuple[int, int, int], interpret: Any, case: str) -> None:
+    """Ends the check unless ``dense_relu`` traces to one pallas_call whose kernel does the
+    matmul, the bias add and the activation, on a grid with K's steps last, K not marked
+    parallel, and (for narrow inputs) a float32 accumulation."""
     bm, bk, bn = blocks
     m, k = x.shape
-    n = y.shape[1]
-    program = _trace(exercise, lambda a, b: matmul_ktiled(a, b, bm, bk, bn, interpret), x, y)
-    kernel = _one_kernel(exercise, program, "matmul_ktiled")
-    if "dot_general" in program.outside:
+    n = w.shape[1]
+    program = _trace(exercise, lambda a, c, d: dense_relu(a, c, d, bm, bk, bn, interpret),
+                     x, w, b)
+    kernel = _one_kernel(exercise, program, "dense_relu")
+    work = set(program.outside) - _PLUMBING - {"pallas_call"}
+    if "dot_general" in work:
         refuse(exercise, f"for {case} the matmul runs outside your kernel: the traced program "
                          "has a jnp.dot (dot_general) outside the pallas_call",
-               hint="the pallas_call must not just copy a product made outside it: each grid "
-                    "step multiplies its x block by its y block inside the kernel")
+               hint="the pallas_call must not just finish a product made outside it: each "
+                    "grid step multiplies its x block by its w block inside the kernel")
+    if work & _ACTIVATION:
+        refuse(exercise, f"for {case} the activation runs outside your kernel "
+                         f"({', '.join(sorted(work & _ACTIVATION))} outside the pallas_call)",
+               hint="apply the ReLU in the kernel at the last K step, before the output block "
+                    "is written: outside it, XLA reads the whole output from HBM again")
+    if work & {"add", "add_any"}:
+        refuse(exercise, f"for {case} the bias is added outside your kernel (an add outside "
+                         "the pallas_call)",
+               hint="pass b to the pallas_call with its own BlockSpec, (1, bn) at block (0, j), "
+                    "and add it to the float32 sum inside the kernel")
+    if work:
+        refuse(exercise, f"for {case} your function also computes {', '.join(sorted(work))} "
+                         "outside the pallas_call",
+               hint="the matmul, the bias and the ReLU all happen inside the one kernel")
     if "dot_general" not in kernel.ops:
         refuse(exercise, f"for {case} your kernel does no matmul: its body has no jnp.dot "
                          "(dot_general)",
-               hint="each step computes jnp.dot(x_ref[...], y_ref[...], "
+               hint="each step computes jnp.dot(x_ref[...], w_ref[...], "
                     "preferred_element_type=jnp.float32) and adds it into the accumulator")
+    if not kernel.ops & _ACTIVATION:
+        refuse(exercise, f"for {case} your kernel has no activation: no ReLU (max with 0) in "
+                         "its body",
+               hint="relu(z) = jnp.maximum(z, 0), applied to the finished sum plus the bias")
     steps, grid = -(-k // bk), kernel.grid
-    if steps not in grid:
+    if len(grid) < 3 and steps > 1 and steps not in grid:
         refuse(exercise, f"for {case} your grid {grid} has no K axis: K is not tiled into "
                          "bk blocks",
-               hint="a 3-D grid (M // bm, N // bn, K // bk), K last: x comes in (bm, bk) "
-                    "blocks, y in (bk, bn) blocks, and the accumulator sums over K's steps")
+               hint="the chapter's K-tiled grid (M // bm, N // bn, K // bk), K last: x comes "
+                    "in (bm, bk) blocks, w in (bk, bn) blocks, and a float32 accumulator sums "
+                    "over K's steps")
     if len(grid) != 3 or grid[-1] != steps:
         refuse(exercise, f"for {case} K's steps are not the last axis of your grid {grid}",
                hint="the accumulator sums one output block over all of K before the next "
@@ -260,7 +285,7 @@ def _ktiled_program(exercise: str, matmul_ktiled: Callable[..., Any], x: Any, y:
     for eqn in kernel.body:
         out = eqn.outvars[0].aval if eqn.outvars else None
         if (eqn.primitive.name in ("add", "add_any") and _narrow_float(_dtype(out))
-                and tuple(getattr(out, "shape", ())) == (bm, bn)):
+                and tuple(getattr(out, "shape", ())) == (bm, bn) and not kernel.scratch):
             refuse(exercise, f"with {x.dtype} inputs your kernel adds the K steps' products "
                              f"in {_dtype(out)}: a {_dtype(out)} accumulator",
                    hint="keep a float32 accumulator in VMEM scratch (not the output block, "
@@ -274,10 +299,11 @@ def _ktiled_program(exercise: str, matmul_ktiled: Callable[..., Any], x: Any, y:
                         "float32 sums reach the accumulator as they are")
 
 
-def _carries_over(got: Any, want: Any, bm: int, bn: int) -> bool:
+def _carries_over(got: Any, want: Any, bm: int, bn: int,
+                  finish: Callable[[Any, int], Any] = lambda r, j: r) -> bool:
     """True when each output block (in grid order, rows or columns first) is the running
-    sum of the right blocks so far: an accumulator zeroed once, not at every block's first
-    K step."""
+    sum of the right blocks so far (passed through ``finish(sum, column block)``): an
+    accumulator zeroed once, not at every block's first K step."""
     import numpy as np
 
     rows, cols = range(got.shape[0] // bm), range(got.shape[1] // bn)
@@ -285,24 +311,49 @@ def _carries_over(got: Any, want: Any, bm: int, bn: int) -> bool:
         running, carried = np.zeros((bm, bn)), len(order) > 1
         for i, j in order:
             running = running + want[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
-            carried &= np.allclose(got[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn], running,
-                                   rtol=1e-3, atol=1e-3)
+            carried &= np.allclose(got[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn],
+                                   finish(running, j), rtol=1e-3, atol=1e-3)
         if carried:
             return True
     return False
 
 
-def _matmul_numbers(matmul_ktiled: Callable[..., Any], m: int, k: int, n: int,
-                    blocks: tuple[int, int, int], seed: int, interpret: Any) -> None:
-    """Ends the check unless ``matmul_ktiled`` gives ``x @ y`` in the interpreter, naming
-    the usual mistakes."""
+def _reads_unwritten(run: Callable[[Any], Any], got: Any) -> bool:
+    """True when ``run(interpret)`` gives another result once the interpreter fills fresh
+    memory with zeros instead of NaN: the kernel reads memory before writing it."""
+    import numpy as np
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        again = np.asarray(run(pltpu.InterpretParams(uninitialized_memory="zero")), np.float64)
+    except Exception:  # noqa: BLE001 - a learner's code may raise anything
+        return False
+    return again.shape == got.shape and not np.allclose(again, got, rtol=1e-6, atol=1e-6,
+                                                         equal_nan=True)
+
+
+def _dense_inputs(m: int, k: int, n: int, seed: int) -> tuple[Any, Any, Any]:
+    """x, w and a (1, n) bias whose entries straddle zero, so the ReLU matters."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    x, w = _arrays((m, k), (k, n), seed)
+    rng = np.random.default_rng(seed + 7)
+    b = jnp.asarray(rng.uniform(-3.0, 3.0, (1, n)), jnp.float32)
+    return x, w, b
+
+
+def _dense_numbers(dense_relu: Callable[..., Any], m: int, k: int, n: int,
+                   blocks: tuple[int, int, int], seed: int, interpret: Any) -> None:
+    """Ends the check unless ``dense_relu`` gives ``relu(x @ w + b)`` in the interpreter,
+    naming the usual mistakes."""
     import numpy as np
 
     bm, bk, bn = blocks
-    x, y = _arrays((m, k), (k, n), seed)
-    case = f"[{m},{k}] @ [{k},{n}] with blocks (bm, bk, bn) = ({bm}, {bk}, {bn})"
+    x, w, b = _dense_inputs(m, k, n, seed)
+    case = f"[{m},{k}] @ [{k},{n}] + b with blocks (bm, bk, bn) = ({bm}, {bk}, {bn})"
     try:
-        got = matmul_ktiled(x, y, bm, bk, bn, interpret)
+        got = dense_relu(x, w, b, bm, bk, bn, interpret)
     except Exception as err:  # noqa: BLE001 - the interpreter's bounds check
         if "out-of-bounds" not in str(err).lower():
             raise
@@ -312,19 +363,58 @@ def _matmul_numbers(matmul_ktiled: Callable[..., Any], m: int, k: int, n: int,
                     f"({m}, {n})",
                hint="out_shape is (m, n); the grid covers it with (bm, bn) blocks")
     got = np.asarray(got, np.float64)
-    want = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
-    if np.allclose(got, want, rtol=1e-3, atol=1e-3):
+    xf, wf, bf = (np.asarray(a, np.float64) for a in (x, w, b))
+    prod = xf @ wf
+    want = np.maximum(prod + bf, 0)
+
+    def close(a: Any) -> bool:
+        return bool(np.allclose(got, a, rtol=1e-3, atol=1e-3))
+
+    if close(want):
         return
     if not np.isfinite(got).all():
         refuse(EX1, f"for {case} the result holds NaN",
                hint="the interpreter fills fresh VMEM with NaN: is the accumulator zeroed (at "
                     "the first K step, pl.program_id(2) == 0) before the first +=?")
-    last = np.asarray(x, np.float64)[:, k - bk:] @ np.asarray(y, np.float64)[k - bk:, :]
-    if np.allclose(got, last, rtol=1e-3, atol=1e-3):
-        refuse(EX1, f"for {case} the result is the product of the last K block only",
-               hint="add each K step's product into the accumulator (+=), and zero it only "
-                    "at the first K step")
-    if _carries_over(got, want, bm, bn):
+    steps = k // bk
+    parts = [xf[:, s * bk:(s + 1) * bk] @ wf[s * bk:(s + 1) * bk, :] for s in range(steps)]
+    running, from_bias = np.zeros_like(prod), np.broadcast_to(bf, prod.shape)
+    for p in parts:  # a ReLU at every K step, from zero or from the bias
+        running, from_bias = np.maximum(running + p, 0), np.maximum(from_bias + p, 0)
+    named = [
+        (prod + bf, "the result has negative entries: no ReLU was applied",
+         "apply relu (jnp.maximum(z, 0)) to the sum plus the bias before writing"),
+        (np.maximum(prod, 0), "the bias is missing",
+         "b comes in as a third input: a (1, bn) block at (0, j), added to the float32 sum"),
+        (np.maximum(prod, 0) + bf, "the bias is added after the ReLU",
+         "relu(x @ w + b): add the bias first, then take the max with 0"),
+        (np.maximum(prod + steps * bf, 0), "the bias is added at every K step",
+         "add the bias once: at the last K step (or when the accumulator is set at the first)"),
+        (np.maximum(sum(np.maximum(p, 0) for p in parts) + bf, 0),
+         "the ReLU is applied to each K step's partial product",
+         "a partial sum over K is not the result: apply the ReLU once, after the last K step"),
+        (np.maximum(running + bf, 0), "the ReLU is applied to the running sum at every K step",
+         "a partial sum over K is not the result: apply the ReLU once, after the last K step"),
+        (from_bias, "the ReLU is applied to the running sum at every K step",
+         "a partial sum over K is not the result: apply the ReLU once, after the last K step"),
+        (np.maximum(parts[-1] + bf, 0), "the result uses the last K block's product only",
+         "add each K step's product into the accumulator (+=), and zero it only at the first "
+         "K step"),
+    ]
+    for value, message, hint in named:
+        if close(value):
+            refuse(EX1, f"for {case} {message}", hint=hint)
+    if _reads_unwritten(lambda fill: dense_relu(x, w, b, bm, bk, bn, fill), got):
+        refuse(EX1, f"for {case} your kernel reads VMEM it never wrote: its result changes "
+                    "with what fresh memory holds",
+               hint="set the accumulator at the first K step of every output block "
+                    "(pl.program_id(2) == 0) before the first +=; the interpreter fills fresh "
+                    "VMEM with NaN, and a ReLU written with where() turns that NaN into 0")
+    # relu(the sum of every block so far + this block's bias, or the first block's bias
+    # when the accumulator was started at the bias once)
+    if any(_carries_over(got, prod, bm, bn, finish) for finish in (
+            lambda r, j: np.maximum(r + bf[:, j * bn:(j + 1) * bn], 0),
+            lambda r, j: np.maximum(r + bf[:, :bn], 0))):
         refuse(EX1, f"for {case} each output block holds the sum of all the blocks before it",
                hint="the accumulator carries over from the previous output block: zero it "
                     "when a new block starts (pl.program_id(2) == 0)")
@@ -332,7 +422,7 @@ def _matmul_numbers(matmul_ktiled: Callable[..., Any], m: int, k: int, n: int,
                 f"{np.abs(got - want).max():.3g})", hint=_INDEX_MAPS)
 
 
-def _hidden_matmul(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+def _hidden_dense(rng: Any) -> list[tuple[str, dict[str, Any]]]:
     """Two small problems with other shapes and blocks (at most 12 grid steps each)."""
     cases = []
     for _ in range(2):
@@ -340,36 +430,40 @@ def _hidden_matmul(rng: Any) -> list[tuple[str, dict[str, Any]]]:
                       int(rng.choice([128, 256])))
         m, k, n = bm * int(rng.integers(1, 3)), bk * int(rng.integers(2, 4)), bn * int(
             rng.integers(1, 3))
-        cases.append((f"a [{m},{k}] @ [{k},{n}] matmul with blocks ({bm}, {bk}, {bn})",
+        cases.append((f"a [{m},{k}] @ [{k},{n}] layer with blocks ({bm}, {bk}, {bn})",
                       {"cases": (((m, k, n), (bm, bk, bn)),), "seed": int(rng.integers(2, 999))}))
     return cases
 
 
-@LAB.exercise(EX1, minutes=25, kind="transfer", hidden=_hidden_matmul)
-def check_matmul_ktiled(matmul_ktiled: Callable[..., Any], cases: Any = MATMUL_CASES,
-                        seed: int = 0) -> CheckResult:
-    """``matmul_ktiled(x, y, bm, bk, bn, interpret)``: traced, one pallas_call whose kernel
+@LAB.exercise(EX1, minutes=25, kind="transfer", hidden=_hidden_dense)
+def check_dense_relu(dense_relu: Callable[..., Any], cases: Any = DENSE_CASES,
+                     seed: int = 0) -> CheckResult:
+    """``dense_relu(x, w, b, bm, bk, bn, interpret)``: traced, one pallas_call whose kernel
     does the matmul on the K-tiled grid (K last, not parallel) with a float32 accumulator
-    (also for bf16 inputs); then against ``x @ y`` in the TPU interpreter on ``cases``,
-    with a diagnosis of the usual mistakes."""
+    (also for bf16 inputs), and the bias and the ReLU inside it; then against
+    ``relu(x @ w + b)`` in the TPU interpreter on ``cases``, with a diagnosis of the usual
+    mistakes."""
     import jax
     import jax.numpy as jnp
 
-    refuse_course_code(EX1, matmul_ktiled, _answers.matmul_ktiled_reference,
-                       _answers.ktiled_kernel)
+    refuse_course_code(EX1, dense_relu, _answers.dense_relu_reference,
+                       _answers.dense_relu_kernel, _answers.dense_relu_xla,
+                       kernels.matmul_ktiled, kernels.ktiled_kernel)
     interpret = kernels.interpret_mode("cpu")
     for (m, k, n), blocks in cases:
-        x, y = _arrays((m, k), (k, n), seed)
-        case = f"[{m},{k}] @ [{k},{n}] with blocks (bm, bk, bn) = {tuple(blocks)}"
-        _ktiled_program(EX1, matmul_ktiled, x, y, tuple(blocks), interpret, case)
+        x, w, b = _dense_inputs(m, k, n, seed)
+        case = f"[{m},{k}] @ [{k},{n}] + b with blocks (bm, bk, bn) = {tuple(blocks)}"
+        _dense_program(EX1, dense_relu, x, w, b, tuple(blocks), interpret, case)
     (m, k, n), blocks = cases[0]
     S = jax.ShapeDtypeStruct
-    _ktiled_program(EX1, matmul_ktiled, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
-                    tuple(blocks), interpret, f"bfloat16 [{m},{k}] @ [{k},{n}]")
+    _dense_program(EX1, dense_relu, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
+                   S((1, n), jnp.bfloat16), tuple(blocks), interpret,
+                   f"bfloat16 [{m},{k}] @ [{k},{n}]")
     for (m, k, n), blocks in cases:
-        _matmul_numbers(matmul_ktiled, m, k, n, tuple(blocks), seed, interpret)
-    return ok(EX1, f"one kernel on the K-tiled grid, K arbitrary, float32 accumulator; right "
-                   f"on {len(cases)} shape(s) and block choice(s) in the TPU interpreter")
+        _dense_numbers(dense_relu, m, k, n, tuple(blocks), seed, interpret)
+    return ok(EX1, f"one kernel: K-tiled grid, K arbitrary, float32 accumulator, bias and ReLU "
+                   f"at the last K step; right on {len(cases)} shape(s) and block choice(s) in "
+                   "the TPU interpreter")
 
 
 # -- Exercise 2 ----------------------------------------------------------------------
@@ -687,25 +781,28 @@ def _fast_blocks(fast_blocks: Any) -> tuple[int, int, int]:
 
 @LAB.exercise(EX5, minutes=15, needs="accelerator", kind="predict",
               predicts=("fast_blocks",))
-def check_fast(matmul_ktiled: Callable[..., Any], fast_blocks: Any,
+def check_fast(dense_relu: Callable[..., Any], fast_blocks: Any,
                fraction: float = FAST_FRACTION) -> CheckResult:
-    """``matmul_ktiled`` must be Exercise 1's kind of kernel (traced: one pallas_call doing
-    the matmul on the K-tiled grid, float32 accumulation); then, on a TPU, with
-    ``fast_blocks`` on :data:`FAST_PROBLEM` in bf16 it gives ``jnp.dot``'s numbers and
-    reaches ``fraction`` of its throughput (both timed with the harness)."""
+    """``dense_relu`` must be Exercise 1's kind of kernel (traced: one pallas_call doing the
+    matmul, the bias and the ReLU on the K-tiled grid, float32 accumulation); then, on a
+    TPU, with ``fast_blocks`` on :data:`FAST_PROBLEM` in bf16 it gives XLA's numbers and
+    reaches ``fraction`` of the throughput of XLA's own fused layer (both timed with the
+    harness)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from tpu_course import bench, runtime
 
-    refuse_course_code(EX5, matmul_ktiled, _answers.matmul_ktiled_reference,
-                       _answers.ktiled_kernel)
+    refuse_course_code(EX5, dense_relu, _answers.dense_relu_reference,
+                       _answers.dense_relu_kernel, _answers.dense_relu_xla,
+                       kernels.matmul_ktiled, kernels.ktiled_kernel)
     blocks = _fast_blocks(fast_blocks)
     m, k, n = FAST_PROBLEM
     S = jax.ShapeDtypeStruct
-    _ktiled_program(EX5, matmul_ktiled, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
-                    blocks, False, f"bfloat16 {FAST_PROBLEM} with blocks {blocks}")
+    _dense_program(EX5, dense_relu, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
+                   S((1, n), jnp.bfloat16), blocks, False,
+                   f"bfloat16 {FAST_PROBLEM} with blocks {blocks}")
     platform = runtime.describe().platform
     if platform != "tpu":
         return skipped(EX5, f"your kernel is a TPU kernel; on this {platform} runtime it runs "
@@ -713,24 +810,27 @@ def check_fast(matmul_ktiled: Callable[..., Any], fast_blocks: Any,
                             "kernels are written differently: see the chapter)")
     bm, bk, bn = blocks
     x = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
-    y = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
-    fn = jax.jit(lambda a, b: matmul_ktiled(a, b, bm, bk, bn, False))
-    got = np.asarray(fn(x, y), np.float32)
-    want = np.asarray(jax.jit(jnp.dot)(x, y), np.float32)
+    w = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(2), (1, n), jnp.bfloat16)
+    fn = jax.jit(lambda a, c, d: dense_relu(a, c, d, bm, bk, bn, False))
+    xla = jax.jit(_answers.dense_relu_xla)
+    got = np.asarray(fn(x, w, b), np.float32)
+    want = np.asarray(xla(x, w, b), np.float32)
     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
     if not np.isfinite(err) or err > 2e-2:
         refuse(EX5, f"with blocks {blocks} on the TPU your kernel's result differs from "
-                    f"jnp.dot's (largest error {err:.2g} of the largest value)",
+                    f"XLA's (largest error {err:.2g} of the largest value)",
                hint="run Exercise 1's check again; then check that the blocks divide the "
                     "problem and the accumulator is zeroed at the first K step")
-    mine = bench.benchmark(fn, x, y, name="your kernel", warn=False)
-    ref = bench.benchmark(jax.jit(jnp.dot), x, y, name="jnp.dot", warn=False)
+    mine = bench.benchmark(fn, x, w, b, name="your kernel", warn=False)
+    ref = bench.benchmark(xla, x, w, b, name="XLA's fused layer", warn=False)
     ratio = ref.median_s / mine.median_s
-    text = (f"your kernel {mine.median_s * 1e3:.3f} ms, jnp.dot {ref.median_s * 1e3:.3f} ms "
-            f"on {runtime.describe().device_kind}: {ratio:.0%} of jnp.dot's throughput")
+    text = (f"your kernel {mine.median_s * 1e3:.3f} ms, XLA's fused layer "
+            f"{ref.median_s * 1e3:.3f} ms on {runtime.describe().device_kind}: {ratio:.0%} of "
+            "its throughput")
     if ratio < fraction:
         refuse(EX5, text + f" (the goal is {fraction:.0%})",
-               hint="bigger blocks re-read less of x and y from HBM (your traffic model); "
-                    "keep them multiples of the MXU width and inside the scoped VMEM limit "
-                    "(raise it with vmem_limit_bytes)")
+               hint="bigger blocks re-read less of x and w from HBM (the chapter's traffic "
+                    "model); keep them multiples of the MXU width and inside the scoped VMEM "
+                    "limit (Exercise 2's footprint)")
     return ok(EX5, text)

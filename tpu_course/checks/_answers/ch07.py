@@ -10,9 +10,9 @@ import math
 from typing import Any
 
 
-def ktiled_kernel(x_ref: Any, y_ref: Any, o_ref: Any, acc_ref: Any) -> None:
-    """One (i, j, k) grid step: add this K block's product into a float32 accumulator in
-    VMEM, zeroed at the first K step and written out at the last."""
+def dense_relu_kernel(x_ref: Any, w_ref: Any, b_ref: Any, o_ref: Any, acc_ref: Any) -> None:
+    """Exercise 1, one (i, j, k) step: the chapter's accumulator, then at the last K step
+    the bias and the ReLU on the float32 sum, and one cast."""
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
@@ -20,36 +20,46 @@ def ktiled_kernel(x_ref: Any, y_ref: Any, o_ref: Any, acc_ref: Any) -> None:
     def _zero():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+    acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _write():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+    def _epilogue():
+        z = acc_ref[...] + b_ref[...].astype(jnp.float32)
+        o_ref[...] = jnp.maximum(z, 0).astype(o_ref.dtype)
 
 
-def matmul_ktiled_reference(x: Any, y: Any, bm: int, bk: int, bn: int,
-                            interpret: Any = False, vmem_limit_bytes: int | None = None) -> Any:
-    """Exercise 1: ``x @ y`` on a 3-D grid (M/bm, N/bn, K/bk), K last."""
+def dense_relu_reference(x: Any, w: Any, b: Any, bm: int, bk: int, bn: int,
+                         interpret: Any = False) -> Any:
+    """Exercise 1: ``relu(x @ w + b)`` (``b`` of shape (1, N)) in one K-tiled kernel."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
     m, k = x.shape
-    n = y.shape[1]
+    n = w.shape[1]
     return pl.pallas_call(
-        ktiled_kernel,
+        dense_relu_kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         grid=(m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+                  pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=vmem_limit_bytes),
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
-    )(x, y)
+    )(x, w, b)
+
+
+def dense_relu_xla(x: Any, w: Any, b: Any) -> Any:
+    """Exercise 1's operation in plain JAX (XLA fuses it into one matmul fusion)."""
+    import jax
+    import jax.numpy as jnp
+
+    z = jnp.dot(x, w, preferred_element_type=jnp.float32) + b.astype(jnp.float32)
+    return jax.nn.relu(z).astype(x.dtype)
 
 
 def footprint(bm: int, bk: int, bn: int, itemsize: int) -> int:
@@ -65,8 +75,9 @@ def footprint(bm: int, bk: int, bn: int, itemsize: int) -> int:
 @functools.lru_cache(maxsize=None)
 def candidate_verdict(blocks: tuple[int, int, int], problem: tuple[int, int, int],
                       target: str) -> Any:
-    """Exercise 3: the TPU compiler's verdict on the reference kernel with ``blocks`` for
-    ``problem`` in bf16 (cached)."""
+    """Exercise 3: the TPU compiler's verdict on the chapter's K-tiled kernel
+    (:func:`tpu_course.kernels.matmul_ktiled`) with ``blocks`` for ``problem`` in bf16
+    (cached)."""
     import jax
     import jax.numpy as jnp
 
@@ -74,7 +85,7 @@ def candidate_verdict(blocks: tuple[int, int, int], problem: tuple[int, int, int
 
     bm, bk, bn = blocks
     m, k, n = problem
-    fn = functools.partial(matmul_ktiled_reference, bm=bm, bk=bk, bn=bn)
+    fn = functools.partial(kernels.matmul_ktiled, bm=bm, bk=bk, bn=bn)
     S = jax.ShapeDtypeStruct
     return kernels.compile_verdict(fn, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
                                    target=target)
