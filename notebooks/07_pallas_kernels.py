@@ -442,37 +442,57 @@ for semantics in (("parallel", "parallel", "arbitrary"), ("parallel", "parallel"
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 8, "agenda": "two-days"}
 # ## 6. Block size against the MXU and the roofline
 #
-# How big should `bm` and `bn` be? Count HBM traffic. On the 2-D grid, each of the
-# $N/b_n$ columns of tiles reads all of $x$ again, and each of the $M/b_m$ rows reads all
-# of $y$ again:
+# How big should `bm` and `bn` be? Count HBM traffic, with one rule of the Pallas
+# pipeline: when the next grid step uses the **same block** of an input, its copy from
+# HBM is skipped (JAX's Pallas TPU docs, "Pipelining": "the HBM transfer for the second
+# iteration is skipped"). So what matters is how often each input's block *changes* as
+# the grid runs, last axis fastest:
 #
-# $$B = \left(MK \cdot \frac{N}{b_n} + KN \cdot \frac{M}{b_m} + MN\right) \times
-# \text{itemsize}, \qquad F = 2MKN.$$
+# * **2-D grid** $(i, j)$, K whole (section 2's `matmul`): x's block $(i, 0)$ stays the
+#   same while $j$ runs, so x is read **once**; y's block $(0, j)$ changes every step, so
+#   all of y is read again for each of the $M/b_m$ rows of tiles.
+# * **3-D grid** $(i, j, k)$, K tiled (section 4's `matmul_ktiled`): both blocks change
+#   at every step, so x is read again for each of the $N/b_n$ columns of tiles, and y for
+#   each of the $M/b_m$ rows.
 #
-# Bigger tiles re-read less. Set the intensity $F/B$ against each chip's ridge point:
+# $$B_{2D} = \left(MK + KN \cdot \frac{M}{b_m} + MN\right) s, \qquad
+# B_{3D} = \left(MK \cdot \frac{N}{b_n} + KN \cdot \frac{M}{b_m} + MN\right) s, \qquad
+# F = 2MKN,$$
+#
+# with $s$ the itemsize. Bigger tiles re-read less. Set the intensity $F/B$ against each
+# chip's ridge point:
 
 # %% slideshow={"slide_type": "subslide"}
-def kernel_hbm_bytes(m, k, n, bm, bn, itemsize):
-    """HBM bytes of the 2-D-grid matmul: x re-read per column of tiles, y per row."""
-    return (m * k * (n // bn) + k * n * (m // bm) + m * n) * itemsize
+def kernel_hbm_bytes(m, k, n, bm, bn, itemsize, k_tiled=False):
+    """HBM bytes of a tiled matmul. Pallas skips a copy when the next grid step uses
+    the same block: on the 2-D grid x's block stays while j runs (x read once) and y is
+    read once per row of tiles; on the 3-D K-tiled grid x is read once per column of
+    tiles as well."""
+    x_reads = n // bn if k_tiled else 1
+    return (m * k * x_reads + k * n * (m // bm) + m * n) * itemsize
 
 
 m = k = n = 4096
-for name in ("v5e", "v6e"):
-    chip = hardware.get(name)
-    ridge = roofline.ridge_point(chip)
-    for b in (128, 256, 512, 1024):
-        ai = roofline.matmul_flops(m, k, n) / kernel_hbm_bytes(m, k, n, b, b, 2)
-        verdict = "compute-bound" if ai >= ridge else "memory-bound"
-        print(f"{chip.display_name:>18} tiles {b:>4}: {ai:6.1f} FLOP/byte vs ridge "
-              f"{ridge:6.1f}: {verdict}")
+for grid, k_tiled in (("2-D", False), ("3-D", True)):
+    for name in ("v5e", "v6e"):
+        chip = hardware.get(name)
+        ridge = roofline.ridge_point(chip)
+        line = []
+        for b in (128, 256, 512, 1024):
+            ai = roofline.matmul_flops(m, k, n) / kernel_hbm_bytes(m, k, n, b, b, 2, k_tiled)
+            line.append(f"{b}: {ai:5.1f}{'*' if ai >= ridge else ' '}")
+        print(f"{grid} grid, {chip.display_name:>18} (ridge {ridge:5.1f}) FLOP/byte at tiles "
+              + ", ".join(line))
+print("(* = compute-bound: at or above the chip's ridge point)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# Intensity grows with the tile: $F/B pprox 2/(1/b_n + 1/b_m)$ FLOP per element moved
-# when $K$ is large. 128-wide tiles leave a v5e far short of its ridge; 512-wide tiles
-# just reach it. A v6e's ridge is more than twice as high, so even 1024-wide tiles leave
-# it memory-bound at this size, and its 256-wide MXU needs tiles of at least 256 to be
-# full anyway. Big tiles cost VMEM, which section 3 showed is the constraint. XLA's cost
+# On the 2-D grid the intensity is about $2 b_m$ FLOP per element moved when K and N are
+# large: $b_n$ does not change the traffic at all, since x is read once whatever the
+# column width. On the 3-D grid it is about $2/(1/b_n + 1/b_m)$, so both widths count,
+# and the same tiles move more bytes. The table shows where each chip crosses its ridge
+# on each grid; a v6e's ridge is more than twice a v5e's, so it needs bigger tiles, and
+# its 256-wide MXU needs tiles of at least 256 to be full anyway. Big tiles cost VMEM,
+# which section 3 showed is the constraint (and why the 3-D grid exists). XLA's cost
 # analysis cannot check this model: for a custom call it knows the operands' sizes, not
 # how often the kernel re-reads them. See for yourself on the 1024-cube matmul of
 # section 2 with 256-wide tiles:
@@ -481,16 +501,18 @@ for name in ("v5e", "v6e"):
 if AOT:
     report = hlo.inspect(functools.partial(matmul, bm=256, bn=256), *big, target="v5e:1x1")
     per_operand = {k: v for k, v in sorted(report.cost.items()) if k.startswith("bytes accessed")}
-    print("XLA's cost analysis, per operand:", {k: f"{v / 2**20:.0f} MiB" for k, v in per_operand.items()})
+    print("XLA's cost analysis, per operand:",
+          {k: f"{v / 2**20:.0f} MiB" for k, v in per_operand.items()})
     print(f"total {sum(per_operand.values()) / 2**20:.0f} MiB; FLOPs reported: {report.flops}")
-    print(f"the traffic model: {kernel_hbm_bytes(1024, 1024, 1024, 256, 256, 2) / 2**20:.0f} MiB")
+    print("the traffic model (2-D grid): "
+          f"{kernel_hbm_bytes(1024, 1024, 1024, 256, 256, 2) / 2**20:.0f} MiB")
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# The compiler counts each operand once (2 MiB each) and no FLOPs at all: the kernel is
-# opaque to it. The model's 18 MiB (x and y each read 4 times) is what a real chip's
-# time can check (section 10).
+# The compiler counts each operand once and no FLOPs at all: the kernel is opaque to it.
+# The model's count (x once, y once per row of tiles, the output once) is what a real
+# chip's time can check (section 10).
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
 # ## 7. A fused kernel: a row-wise softmax

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
 import subprocess
 import sys
 
@@ -142,3 +144,26 @@ def test_labs_refuse_a_solution_whose_ipynb_is_older_than_its_twin(tmp_path, mon
     problems = notebooks.write_labs()
     assert len(problems) == 1 and "rebuild the solution first" in problems[0]
     assert not (tmp_path / "labs" / "01_systolic_array.ipynb").exists()
+
+
+@pytest.mark.stack_independent
+def test_no_cell_source_holds_a_control_character():
+    """A "\\a" of "\\approx" once became a BEL in a twin: Jupyter then shows "pprox" and the
+    site a math error. Outputs may keep ANSI colour codes; sources may not."""
+    import re
+
+    control = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    found = []
+    for folder in ("notebooks", "solutions", "labs"):
+        for path in sorted((root / folder).glob("[0-9][0-9]_*")):
+            if path.suffix == ".py":
+                sources = [path.read_text(encoding="utf-8")]
+            elif path.suffix == ".ipynb":
+                nb = json.loads(path.read_text(encoding="utf-8"))
+                sources = ["".join(c["source"]) for c in nb["cells"]]
+            else:
+                continue
+            found += [f"{path.name}: {m.group()!r}" for s in sources
+                      for m in control.finditer(s)]
+    assert not found, found
