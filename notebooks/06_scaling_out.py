@@ -92,7 +92,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from tpu_course import comms, hardware, hlo, parallel
+from tpu_course import comms, hardware, hlo, multihost, parallel
 
 STRATEGIES = parallel.STRATEGIES
 real_chips = rt.device_count if rt.platform != "cpu" else 0
@@ -165,7 +165,7 @@ def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array,
 
 def block_loss(params: dict, x: jax.Array, y: jax.Array,
                precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
-    """The mean squared error of :func:`mlp_block` on one batch."""
+    """The mean squared error of ``mlp_block`` on one batch."""
     return jnp.mean((mlp_block(params["w1"], params["w2"], x, precision) - y) ** 2)
 
 def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
@@ -281,6 +281,34 @@ for c in fsdp_report.collectives:
     print("[sim]   ", c)
 print(fsdp_plan)
 print("[sim] compiled:", fsdp_compiled)
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# **The prediction, by hand.** `comms.collective_bytes` is arithmetic on the parameter
+# shapes: the operand bytes one device puts into each collective, in fp32 (4 bytes per
+# element). For a weight of $V$ bytes on $|X|$ devices:
+#
+# * **all-gather**: a device hands over the shard it holds, $V/|X|$; it gets back all $V$;
+# * **reduce-scatter**: a device puts in its whole gradient, $V$, and gets back the summed
+#   shard, $V/|X|$ (an all-reduce puts in the same $V$ and gets back the whole sum);
+# * the mean loss: one 4-byte all-reduce.
+#
+# On a ring, each device *sends* $(|X|-1)/|X| \cdot V$ for an all-gather or a
+# reduce-scatter ($|X|-1$ steps of one shard), and twice that for an all-reduce, which is
+# the two in a row: hence $T = V/W_{ici}$ and $2V/W_{ici}$ in the book.
+
+# %% slideshow={"slide_type": "skip"}
+n_dev = mesh.devices.size
+weight_bytes = [int(np.prod(shape)) * 4 for shape in SHAPES.values()]  # fp32, w1 then w2
+by_hand = {"all-gather": (len(weight_bytes), sum(v // n_dev for v in weight_bytes)),  # shards in
+           "reduce-scatter": (len(weight_bytes), sum(weight_bytes)),  # whole gradients in
+           "all-reduce": (1, 4)}  # the mean loss
+print("by hand:   ", by_hand)
+print("cost model:", fsdp_plan.by_kind(), " equal:", by_hand == fsdp_plan.by_kind())
+print("[sim] compiled all-gathers equal the hand count:", fsdp_compiled["all-gather"] == by_hand["all-gather"])
+for kind, (_, v) in by_hand.items():
+    if kind != "all-reduce":
+        print(f"ring: each device sends {(n_dev - 1) / n_dev * v * (n_dev if kind == 'all-gather' else 1):,.0f} B "
+              f"in the {kind} (V = {v * (n_dev if kind == 'all-gather' else 1):,} B whole)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The all-gathers match the model exactly (each device hands over its 1/8 shard). The
@@ -471,7 +499,7 @@ def ring_all_reduce(x: jax.Array, axis: str, axis_size: int) -> jax.Array:
     sends one chunk to its right-hand neighbour, which adds it to its own copy; after
     that device ``i`` holds the full sum of chunk ``(i+1) mod n``. All-gather: ``n-1``
     more steps pass the finished chunks around. Each device sends ``2 (n-1)/n`` of the
-    array in all, the ring all-reduce's cost (``tpu_course.comms.all_reduce_time``).
+    array in all: the ring all-reduce's cost.
     """
     n = axis_size
     if n == 1:
@@ -568,7 +596,7 @@ for name, axes, wrap, what in cases:
     t = comms.all_gather_time(1e9, axes, chip, wraparound=wrap)
     print(f"{what:<42} latency hops {hops:>3}, time {t * 1e3:6.2f} ms")
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 9, "agenda": "two-days"}
 # ## 5. Across slices: the data-centre network
 #
 # Slices talk over DCN (host NICs and the data-centre network), not ICI. How much slower,
@@ -639,9 +667,55 @@ ax.set_title("GPipe bubble fraction")
 plt.show()
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# A GPipe forward pass on 4 simulated stages with 6 micro-batches: each stage is one
-# device on a `stage` axis and passes its output on with `ppermute`. The timeline says
-# which micro-batch each stage worked on at each tick (`.` = idle: the bubble).
+# **GPipe, written out.** Cut the model into $p$ stages, one per device on a `stage` mesh
+# axis, and the batch into $m$ micro-batches. Inside `jax.shard_map` each device holds
+# its own stage's weights; at tick $t$ stage $s$ works on micro-batch $t - s$ (when there
+# is one) and `ppermute`s its output to stage $s+1$, which uses it at the next tick. The
+# schedule has $m + p - 1$ ticks; stage $s$ is idle for the first $s$ of them (waiting
+# for the pipe to fill) and the last $p - 1 - s$ (the pipe draining).
+
+# %% slideshow={"slide_type": "skip"}
+# Same code as tpu_course.parallel.gpipe_forward
+def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax.Array,
+                  mesh: Mesh, axis: str = "stage") -> tuple[jax.Array, jax.Array]:
+    """Run a GPipe forward pass: stage ``s`` (device ``s`` on ``axis``) applies its layer.
+
+    ``stage_params`` has a leading axis of size ``p`` (one slice per stage),
+    ``microbatches`` is ``[m, ...]``. At tick ``t`` stage ``s`` works on micro-batch
+    ``t - s`` when ``0 <= t - s < m``, then passes its output to stage ``s + 1`` with a
+    ``ppermute``. There are ``m + p - 1`` ticks.
+
+    Returns ``(outputs [m, ...], timeline [p, m + p - 1])`` where the timeline holds the
+    micro-batch each stage worked on at each tick, or ``-1`` when it sat idle: the
+    bubble, ``(p-1)/(m+p-1)`` of the cells (``tpu_course.comms.pipeline_bubble``).
+    """
+    p = mesh.shape[axis]
+    m = microbatches.shape[0]
+    ticks = m + p - 1
+
+    def local(w, mbs):
+        w = w[0]
+        s = jax.lax.axis_index(axis)
+        carry = jnp.zeros_like(mbs[0])
+        outs = jnp.zeros_like(mbs)
+        line = []
+        for t in range(ticks):
+            k = t - s
+            active = (k >= 0) & (k < m)
+            inp = jnp.where(s == 0, mbs[jnp.clip(t, 0, m - 1)], carry)
+            y = jnp.where(active, stage_fn(w, inp), jnp.zeros_like(inp))
+            outs = jnp.where(active & (s == p - 1), outs.at[jnp.clip(k, 0, m - 1)].set(y), outs)
+            line.append(jnp.where(active, k, -1))
+            carry = jax.lax.ppermute(y, axis, [(i, i + 1) for i in range(p - 1)])
+        outs = jax.lax.psum(outs, axis)  # only the last stage wrote: the sum is its outputs
+        return outs, jnp.stack(line)[None]
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()), out_specs=(P(), P(axis)))
+    return jax.jit(fn)(stage_params, microbatches)
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# 4 stages (a `tanh` layer each) and 6 micro-batches on the simulated devices. The timeline
+# says which micro-batch each stage worked on at each tick (`.` = idle: the bubble).
 
 # %% slideshow={"slide_type": "skip"}
 pmesh = parallel.cpu_mesh((4,), ("stage",))
@@ -649,56 +723,219 @@ rng = np.random.default_rng(1)
 w = jnp.asarray(rng.standard_normal((4, 16, 16)).astype(np.float32) / 4)
 mbs = jnp.asarray(rng.standard_normal((6, 8, 16)).astype(np.float32))
 layer = lambda wi, a: jnp.tanh(a @ wi)
-outs, timeline = parallel.gpipe_forward(layer, w, mbs, pmesh)
+outs, timeline = gpipe_forward(layer, w, mbs, pmesh)
 seq = np.asarray(mbs)  # the reference: the 4 layers one after another, in numpy (fp32)
 for i in range(4):
     seq = np.tanh(seq @ np.asarray(w[i]))
 tl = np.asarray(timeline)
 for s, row in enumerate(tl):
     print(f"[sim] stage {s}: " + " ".join("." if v < 0 else str(v) for v in row))
-print(f"idle fraction {np.mean(tl < 0):.3f} vs (p-1)/(m+p-1) = {comms.pipeline_bubble(4, 6):.3f}; "
-      f"outputs equal the sequential model: {np.allclose(outs, seq, atol=1e-4)}")
+print(f"outputs equal the sequential model: {np.allclose(outs, seq, atol=1e-4)}")
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "skip"}
+# **Count the bubble.** Timing 8 simulated devices on a 2-core CPU says nothing about a
+# pipeline, so count instead: the schedule has $p\,(m+p-1)$ stage-steps, of which
+# $p\,m$ do work; the idle ones are $p\,(p-1)$, whatever $m$ is, a fraction
+# $(p-1)/(m+p-1)$. The timelines of the function above, for a few $p$ and $m$:
+
+# %% slideshow={"slide_type": "skip"}
+print("  p   m   ticks   idle stage-steps   p(p-1)   idle fraction   (p-1)/(m+p-1)")
+for p_, m_ in ((4, 2), (4, 6), (8, 8)):
+    ws = jnp.asarray(rng.standard_normal((p_, 16, 16)).astype(np.float32) / 4)
+    xs = jnp.asarray(rng.standard_normal((m_, 8, 16)).astype(np.float32))
+    _, line = gpipe_forward(layer, ws, xs, parallel.cpu_mesh((p_,), ("stage",)))
+    line = np.asarray(line)
+    idle = int((line < 0).sum())
+    print(f"{p_:>3} {m_:>3} {line.shape[1]:>7} {idle:>18} {p_ * (p_ - 1):>8} "
+          f"{idle / line.size:>15.3f} {(p_ - 1) / (m_ + p_ - 1):>15.3f}")
+
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "two-days"}
 # ## 6. Many hosts: `jax.distributed`
 #
-# On a pod slice every host runs the *same* script. `jax.distributed.initialize()` joins
-# them; then `jax.devices()` lists every chip of the slice (global) and
-# `jax.local_devices()` this host's; `jax.process_index()` says which host this is. Each
-# host loads only its part of the batch and `jax.make_array_from_process_local_data`
-# assembles the global array. Here: two processes on 127.0.0.1 with 2 CPU devices each,
-# talking through gloo (`parallel.launch_local`, which kills both if either hangs).
+# On a pod slice every host runs the *same* script; nothing in it says "if I am the
+# coordinator, send work to the others". What differs per process is only what
+# `jax.process_index()` returns, and what each process does with it. The worker, as each
+# process runs it:
+#
+# * `jax.distributed.initialize(...)` joins this process to the others (on a TPU pod
+#   slice with no arguments: it reads the slice's metadata). After it `jax.devices()`
+#   lists the devices of *every* process and `jax.local_devices()` this one's;
+# * the mesh spans all devices; every process compiles the same jitted step;
+# * **data per process**: each process holds only its rows of every global batch and
+#   `jax.make_array_from_process_local_data(sharding, local_rows, global_shape)` makes
+#   one global array of them (no process ever holds the whole batch);
+# * **results**: a sharded array cannot become numpy in a process that holds only some of
+#   its shards; `multihost_utils.process_allgather` gathers it to every process;
+# * **checkpoints**: one writer: process 0 (here, after gathering). Orbax instead has
+#   every process call `save`, and each writes the shards it holds.
+
+# %% slideshow={"slide_type": "skip"}
+multihost_problem = multihost.multihost_problem  # the small regression every process trains on
+
+# %% slideshow={"slide_type": "skip"}
+# Same code as tpu_course.multihost.train_data_parallel, tpu_course.multihost.worker
+def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
+                        process_count: int = 1, lr: float = 0.1) -> dict:
+    """Data-parallel training of the MLP block over every device of ``mesh``, in every process.
+
+    Every process runs this same function. Each one makes the same global batch here (a
+    real job would have each host read only its own files) and hands only its rows to
+    ``jax.make_array_from_process_local_data``, which assembles one global array whose
+    shards live on the devices of all processes. The step is the chapter's shard_map
+    data-parallel step; its psum crosses processes like any other device.
+
+    Returns the losses and the trained parameters, gathered to every process with
+    ``process_allgather`` (a sharded array cannot be turned into numpy by a process that
+    holds only some of its shards).
+    """
+    params, x, y = multihost_problem(steps=steps)
+    axis = mesh.axis_names[0]
+    pspec, xspec = parallel.mlp_block_specs("dp", axis)
+    step = parallel.mlp_block_step("dp", mesh, lr)
+    p = parallel.place(params, mesh, pspec)
+    sharding = NamedSharding(mesh, xspec)
+    # This process's devices come one after another in the mesh (jax.make_mesh orders
+    # them so), so its rows of the global batch are one contiguous block.
+    per = x.shape[1] // process_count
+    rows = slice(process_index * per, (process_index + 1) * per)
+    losses = []
+    for t in range(steps):
+        xb = jax.make_array_from_process_local_data(sharding, x[t, rows], x.shape[1:])
+        yb = jax.make_array_from_process_local_data(sharding, y[t, rows], y.shape[1:])
+        p, loss = step(p, xb, yb)
+        losses.append(float(loss))  # the loss is replicated: every process has it whole
+    from jax.experimental import multihost_utils
+
+    trained = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in p.items()}
+    return {"losses": losses, "params": trained}
+
+def worker(coordinator: str | None = None, num_processes: int | None = None,
+           process_id: int | None = None, steps: int = 5, checkpoint_dir: str | None = None) -> dict:
+    """What each process of a multi-process run executes: the same program on every host.
+
+    ``jax.distributed.initialize`` joins this process to the others (on a TPU pod slice
+    it takes no arguments: it reads the slice's metadata). After it, ``jax.devices()``
+    lists the devices of every process and ``jax.local_devices()`` this process's own;
+    the mesh spans them all. Only process 0 writes the checkpoint: every process holds
+    the same gathered parameters, and one writer is enough.
+    """
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        # CPU devices of different processes talk through gloo (JAX's default on recent
+        # versions; set explicitly for older ones).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes, process_id)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
+    out = train_data_parallel(mesh, steps, jax.process_index(), jax.process_count())
+    if checkpoint_dir is not None and jax.process_index() == 0:
+        np.savez(os.path.join(checkpoint_dir, f"mlp_block_step{steps}.npz"), **out["params"])
+    return {"losses": out["losses"], "w1_sum": float(np.sum(out["params"]["w1"], dtype=np.float64)),
+            "process_index": jax.process_index(), "process_count": jax.process_count(),
+            "local_devices": jax.local_device_count(), "global_devices": jax.device_count()}
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# Here: two processes on 127.0.0.1 with 2 CPU devices each, talking through gloo.
+# `multihost.launch_local` starts `python -m tpu_course.multihost` twice (the worker
+# above, behind a command line) and stops both if either fails or hangs.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 t0 = time.perf_counter()
-results = parallel.launch_local(num_processes=2, local_devices=2, steps=4, timeout_s=120)
+results = multihost.launch_local(num_processes=2, local_devices=2, steps=4, timeout_s=120)
 print(f"(two processes, {time.perf_counter() - t0:.1f} s including start-up)")
 
 # %% slideshow={"slide_type": "skip"}
-single = parallel.train_data_parallel(parallel.make_mesh((1,), ("data",), jax.devices("cpu")[:1]), steps=4)
+single = train_data_parallel(jax.make_mesh((1,), ("data",), axis_types=(AxisType.Auto,),
+                                           devices=jax.devices("cpu")[:1]), steps=4)
 for r in results:
     print(f"[sim, 2 processes] process {r['process_index']} of {r['process_count']}: "
           f"{r['local_devices']} local / {r['global_devices']} global devices, "
           f"losses {np.round(r['losses'], 5).tolist()}")
 print(f"[sim, 1 device]   losses {np.round(single['losses'], 5).tolist()}")
 print("equal within 1e-5:", all(np.allclose(r["losses"], single["losses"], rtol=1e-5) for r in results))
+print("gathered w1 equal:", all(abs(r["w1_sum"] - float(np.sum(single["params"]["w1"], dtype=np.float64))) < 1e-3
+                                for r in results))
 
-# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 5, "agenda": "two-days"}
 # On a TPU pod slice, the same worker started on every host at once (no coordinator
-# address needed there: `initialize()` reads the slice's metadata):
+# address needed there):
 #
 # ```
 # gcloud compute tpus tpu-vm ssh my-v5e-32 --zone=us-west4-a --worker=all \
-#     --command="python -m tpu_course.parallel --steps 5"
+#     --command="python -m tpu_course.multihost --steps 5 --checkpoint-dir /tmp/ckpt"
 # ```
 #
 # ## 7. Prove parity before scaling
 #
-# The chapter-5 MLP (`models.MLP`, one hidden layer of 128 here, so that TP splits its two
-# matrices as a column/row pair) on MNIST, a few SGD steps, single device vs. the same
-# `train.make_train_step` jitted with each strategy's shardings
-# (`parallel.make_sharded_train_step`): XLA chooses the collectives here. The losses must
-# agree to float rounding: **relative tolerance 2e-5**.
+# The chapter-5 model and train step, unchanged, under each strategy: only the shardings
+# differ. For FSDP that means three things, all in the function below: the parameters
+# **and the optimizer's moments** are stored sharded (`strategy_placement` gives every
+# leaf of the `TrainState` its spec: FSDP splits the first dimension the axis divides),
+# and inside the step the parameters are constrained to be whole where they are used,
+# FSDP's "gather before use". Without that constraint XLA may keep the weights sharded
+# and move activations instead (all-to-alls), which is not FSDP.
+
+# %% slideshow={"slide_type": "skip"}
+strategy_placement = parallel.strategy_placement  # every leaf's NamedSharding under a strategy
+
+# %% slideshow={"slide_type": "skip"}
+# Same code as tpu_course.parallel.make_sharded_train_step
+def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mesh,
+                            axis: str | None = None) -> tuple[Callable, Any, Any]:
+    """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's shardings.
+
+    Returns ``(jitted_step, state_sharding, batch_sharding)``; place the state with
+    ``jax.device_put(state, state_sharding)`` and each batch with ``batch_sharding``.
+    The step itself is unchanged. Under ``"fsdp"`` the parameters and the optimizer's
+    moments are stored sharded (``strategy_placement``), and inside the step the
+    parameters are constrained to be whole where the step uses them: that is FSDP's
+    "gather before use", so XLA all-gathers each weight and sums each gradient back to
+    its shard. Without that constraint XLA is free to keep the weights sharded and move
+    the activations instead (all-to-alls), which is not FSDP.
+    """
+    place = strategy_placement(strategy, mesh, axis)(state)
+    whole = NamedSharding(mesh, P())
+
+    def fsdp_step(state, batch):  # gather the parameters, then the unchanged step
+        params = jax.lax.with_sharding_constraint(state.params, whole)
+        return step(state._replace(params=params), batch)
+
+    jitted = jax.jit(fsdp_step if strategy == "fsdp" else step,
+                     in_shardings=(place.state, place.batch),
+                     out_shardings=(place.state, place.scalars))
+    return jitted, place.state, place.batch
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The shardings, on the chapter-5 MLP with one hidden layer of 128 and Adam (whose two
+# moments have the parameters' shapes), and what XLA compiled for the FSDP step: gathers
+# and gradient sums only, no all-to-all, and each device takes in 1/8 of the state.
+
+# %% slideshow={"slide_type": "skip"}
+import optax
+from flax import nnx
+
+from tpu_course import models, train
+
+tx = optax.adam(1e-3)
+graphdef, state5 = train.init_state(models.MLP((128,), rngs=nnx.Rngs(0)), tx)
+fsdp5, state_sharding, batch_sharding = make_sharded_train_step(
+    train.make_train_step(graphdef, tx), "fsdp", state5, mesh)
+for path, sh in jax.tree_util.tree_flatten_with_path(state_sharding)[0]:
+    print(f"{jax.tree_util.keystr(path).replace('.value', ''):<44} {sh.spec}")
+abstract5 = (jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state5, state_sharding),
+             train.Batch(jax.ShapeDtypeStruct((B, 28, 28), jnp.uint8, sharding=batch_sharding),
+                         jax.ShapeDtypeStruct((B,), jnp.int32, sharding=batch_sharding),
+                         jax.ShapeDtypeStruct((B,), jnp.float32, sharding=batch_sharding)))
+rep5 = hlo.inspect(fsdp5, *abstract5)
+whole_bytes = sum(x.nbytes for x in jax.tree.leaves(state5))
+print("[sim] collectives:", rep5.by_kind())
+print("[sim] no all-to-all or collective-permute:",
+      not {"all-to-all", "collective-permute"} & set(rep5.by_kind()))
+print(f"[sim] arguments per device {rep5.argument_bytes:,} B; the whole state is {whole_bytes:,} B")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# Then training: MNIST, a few SGD steps, the single-device step against the same step
+# under each strategy (`parallel.train_chapter5` runs the loop with
+# `make_sharded_train_step`). The losses must agree to float rounding: **relative
+# tolerance 2e-5**.
 
 # %% slideshow={"slide_type": "skip"}
 from tpu_course import data

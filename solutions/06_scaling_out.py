@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Lab 6 (solution): shard the chapter-5 model and explain every collective
 #
-# About 95 minutes, six exercises, on 8 simulated CPU devices (the same code runs on a
+# About 110 minutes, seven exercises, on 8 simulated CPU devices (the same code runs on a
 # TPU slice):
 #
 # 1. **predict** (10 min) the bytes of every collective FSDP needs for the chapter-5 MLP,
@@ -28,7 +28,9 @@
 # 4. **transfer** (25 min) a *bidirectional* ring all-reduce from `ppermute`;
 # 5. **transfer** (20 min) a hierarchical all-reduce across slices;
 # 6. **transfer** (10 min) choose a parallelism plan with the chapter's two rules, written
-#    yourself.
+#    yourself;
+# 7. **transfer** (15 min) the rows of the global batch each process feeds, graded in a
+#    real two-process `jax.distributed` run.
 #
 # Each exercise is followed by a check cell: pass, or a hint (the expected value only
 # through `checks.reveal("Exercise N")`). The last cell is the scorecard.
@@ -348,6 +350,39 @@ for case in [("v5p", 8e10, 3e4, 2), ("v5p", 4e9, 1e5, 8)]:
     with checks.skip_if_not_written():
         print(f"{case}: yours {choose(*case)}")
         print(comms.recommend(*case))
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 7 (transfer): each process's rows of the global batch
+#
+# In the chapter's two-process run each process fed one contiguous block of every global
+# batch, `x[process_index * per:(process_index + 1) * per]`: right there because
+# `jax.make_mesh` put each process's devices next to each other on the mesh. Meshes need
+# not be laid out so. The check runs a two-process job like the chapter's (2 CPU devices
+# each, `jax.distributed` over gloo on 127.0.0.1) on a `data` axis whose devices
+# alternate between the processes (process 0, process 1, process 0, process 1), so each
+# process holds blocks 0 and 2, or 1 and 3, of a 16-row batch.
+#
+# Write `process_rows(global_batch, sharding)`: the rows of `global_batch` (a numpy array)
+# that this process hands to `jax.make_array_from_process_local_data(sharding, rows,
+# global_batch.shape)`: each block its devices hold, once, in the order of the global
+# batch. Ask the sharding: `sharding.addressable_devices_indices_map(global_batch.shape)`
+# maps each of this process's devices to the index (a tuple of slices) of the block it
+# holds. Each worker process runs your function from its source, with `np` and `jax`
+# imported: keep any helper inside it. The check gathers the assembled array back with
+# `process_allgather` and compares it with the global batch. The grader also runs a
+# `(data, model)` mesh where both devices of a process hold the same block.
+
+# %%
+def process_rows(global_batch, sharding):
+    ### BEGIN SOLUTION Exercise 7 (each process's rows of the global batch)
+    index = sharding.addressable_devices_indices_map(global_batch.shape)
+    blocks = {idx[0].indices(len(global_batch))[:2] for idx in index.values()}  # each once
+    return np.concatenate([global_batch[a:b] for a, b in sorted(blocks)])
+    ### END SOLUTION
+
+
+# %%
+ch06.check_process_rows(process_rows)
 
 # %% [markdown]
 # ## Scorecard

@@ -167,6 +167,10 @@ put("fsdp_pair", ch06.check_shard_fsdp(lambda *a: (1, 2)))
 put("fsdp_raises", ch06.check_shard_fsdp(raises))
 put("fsdp_reference", ch06.check_shard_fsdp(ref.shard_fsdp))
 put("fsdp_package", ch06.check_shard_fsdp(package_fsdp))
+_refuse = ch06.refuse_course_code  # the package's FSDP step through lab 6's own check logic
+ch06.refuse_course_code = lambda *a, **k: None
+put("package_fsdp_logic", ch06.check_shard_fsdp(package_fsdp))
+ch06.refuse_course_code = _refuse
 put("fsdp_eight_hidden", ch06.check_shard_fsdp(eight_always, width=196, devices=4))
 put("fsdp_eight", ch06.check_shard_fsdp(eight_always))
 
@@ -224,6 +228,8 @@ def test_lab6_compiling_checkers(subprocess_runner):
     assert r["fsdp_raises"][0] == "failed" and "ValueError" in r["fsdp_raises"][1]
     for key in ("fsdp_reference", "fsdp_package"):
         assert r[key][0] == "failed" and "course's own function" in r[key][1], r[key]
+    # parallel.make_sharded_train_step("fsdp") is FSDP by lab 6's check: gathers, no all-to-all
+    assert r["package_fsdp_logic"][0] == "passed", r["package_fsdp_logic"]
     assert r["fsdp_eight"][0] == "passed"  # the notebook's mesh cannot tell...
     assert r["fsdp_eight_hidden"][0] == "failed"  # ...another mesh and width can
     assert "replicated" in r["fsdp_eight_hidden"][1]
@@ -259,6 +265,8 @@ def test_lab6_compiling_checkers(subprocess_runner):
     for title, (status, message) in graded.items():
         if title == ch06.EX3 and not hlo.tpu_compiler_available():
             assert status == "skipped"
+        elif title == ch06.EX7:  # its own test below (a two-process run per check)
+            assert status == "not written"
         else:
             assert status == "passed", (title, message)
     wrong = dict(zip([e.title for e in ch06.LAB.exercises], r["graded_wrong"]))
@@ -394,3 +402,78 @@ def test_lab_registry():
         assert (e.hidden is not None) == (e.kind != "predict"), e.title
     assert not any(name.endswith("_reference") for name in vars(ch06))
     assert not hasattr(ch06, "_cpu_mesh") and not hasattr(ch06, "fsdp_param_bytes")
+
+
+# -- exercise 7: each process's rows, graded in real two-process runs ------------------------
+
+ROWS = """
+import numpy as np
+
+
+def rows_by_mesh(global_batch, sharding):
+    # honest, written differently: walk the mesh's data axis, keep this process's blocks
+    import jax
+    mesh = sharding.mesh
+    n = mesh.shape["data"]
+    size = len(global_batch) // n
+    devices = np.moveaxis(mesh.devices, mesh.axis_names.index("data"), 0).reshape(n, -1)
+    mine = [k for k in range(n) if any(d.process_index == jax.process_index() for d in devices[k])]
+    return np.concatenate([global_batch[k * size:(k + 1) * size] for k in mine])
+
+
+def contiguous(global_batch, sharding):  # the chapter's slice: right only when devices are together
+    import jax
+    per = len(global_batch) // jax.process_count()
+    return global_batch[jax.process_index() * per:(jax.process_index() + 1) * per]
+
+
+def whole(global_batch, sharding):
+    return global_batch
+
+
+def every_device(global_batch, sharding):  # one block per device: replicas fed twice
+    index = sharding.addressable_devices_indices_map(global_batch.shape)
+    return np.concatenate([global_batch[i[0]] for i in index.values()])
+"""
+
+
+@pytest.fixture(scope="module")
+def rows_module(tmp_path_factory):
+    import importlib.util
+    path = tmp_path_factory.mktemp("rows") / "learner_rows.py"
+    path.write_text(ROWS)
+    spec = importlib.util.spec_from_file_location("learner_rows", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_process_rows_honest_passes_on_both_meshes(rows_module):
+    r = ch06.check_process_rows(rows_module.rows_by_mesh)
+    assert r.passed and "0, 1, 2, 3, 8, 9, 10, 11" in r.message, r
+    (what, kwargs), = ch06._rows_cases(np.random.default_rng(0))
+    assert "same block" in what
+    r = ch06.check_process_rows(rows_module.rows_by_mesh, **kwargs)
+    assert r.passed, r
+
+
+ROWS_MISTAKES = [
+    ("contiguous", {}, "one contiguous block", "addressable_devices_indices_map"),
+    ("whole", {}, "whole global batch", "only the rows its own devices hold"),
+    ("every_device", {"mesh_kind": "replicated", "rows": 8}, "rows twice", "exactly once"),
+]
+
+
+@pytest.mark.parametrize("name, kwargs, words, hint", ROWS_MISTAKES, ids=[m[0] for m in ROWS_MISTAKES])
+def test_process_rows_mistakes_are_named(rows_module, name, kwargs, words, hint):
+    r = ch06.check_process_rows(getattr(rows_module, name), **kwargs)
+    assert r.status == "failed" and words in r.message and hint in r.hint, (name, r)
+
+
+def test_process_rows_refuses_course_code_and_lambdas():
+    from tpu_course import multihost
+    for cheat in (ref.process_rows, multihost.check_rows):
+        r = ch06.check_process_rows(cheat)
+        assert r.status == "failed" and "course's own function" in r.message, r
+    r = ch06.check_process_rows(lambda b, s: b)
+    assert r.status == "failed" and "lambda" in r.message, r

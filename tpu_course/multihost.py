@@ -2,9 +2,11 @@
 
 :func:`launch_local` runs this module's worker (``python -m tpu_course.multihost``) as
 several processes on 127.0.0.1, joined by ``jax.distributed`` with gloo CPU
-collectives, under a hard timeout; :func:`train_data_parallel` is what each process
-runs: data-parallel training of ``tpu_course.parallel``'s MLP block, each process
-feeding only its slice of every global batch. ``python -m tpu_course.parallel`` still
+collectives, under a hard timeout; :func:`worker` is what each process runs (chapter 6
+shows it): ``jax.distributed.initialize``, a mesh over every process's devices, and
+:func:`train_data_parallel`, data-parallel training of ``tpu_course.parallel``'s MLP
+block, each process feeding only its slice of every global batch. :func:`check_rows`
+runs lab 6's ``process_rows`` the same way. ``python -m tpu_course.parallel`` still
 starts the same worker. Importing this module imports JAX but starts no backend.
 """
 
@@ -22,7 +24,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 
 from tpu_course import errors, parallel, runtime
 
@@ -47,6 +49,14 @@ class LaunchError(errors.CourseError, RuntimeError):
                  stderr_tail: str = "", pids: Sequence[int] = ()):
         super().__init__(message)
         self.rank, self.exit_code, self.stderr_tail, self.pids = rank, exit_code, stderr_tail, tuple(pids)
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 def _tail(text: str, lines: int = 15) -> str:
@@ -137,14 +147,15 @@ def launch_local(num_processes: int = 2, local_devices: int = 2, steps: int = 5,
                 rank=failed, exit_code=code, stderr_tail=tail, pids=[p.pid for p in procs])
         results = []
         for i, (out, err) in enumerate(texts):
-            lines = out.strip().splitlines()
-            try:
-                results.append(json.loads(lines[-1]))
-            except (IndexError, ValueError):
+            # the last line that is a JSON object: gloo may print to stdout after it
+            found = next((json.loads(line) for line in reversed(out.strip().splitlines())
+                          if line.startswith("{") and _is_json(line)), None)
+            if found is None:
                 raise LaunchError(f"rank {i} exited cleanly but printed no JSON result; its "
                                   f"stderr ends:\n{_tail(err) or '(nothing)'}", rank=i,
                                   exit_code=0, stderr_tail=_tail(err),
-                                  pids=[p.pid for p in procs]) from None
+                                  pids=[p.pid for p in procs])
+            results.append(found)
         return results
     finally:
         _stop(procs)
@@ -164,10 +175,17 @@ def multihost_problem(seed: int = 0, batch: int = 32, d_model: int = 16, d_ff: i
 
 def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
                         process_count: int = 1, lr: float = 0.1) -> dict:
-    """DP training of the MLP block over every device of ``mesh`` (all processes).
+    """Data-parallel training of the MLP block over every device of ``mesh``, in every process.
 
-    Each process holds only its slice of every global batch and hands it to
-    ``jax.make_array_from_process_local_data``, which assembles the global array.
+    Every process runs this same function. Each one makes the same global batch here (a
+    real job would have each host read only its own files) and hands only its rows to
+    ``jax.make_array_from_process_local_data``, which assembles one global array whose
+    shards live on the devices of all processes. The step is the chapter's shard_map
+    data-parallel step; its psum crosses processes like any other device.
+
+    Returns the losses and the trained parameters, gathered to every process with
+    ``process_allgather`` (a sharded array cannot be turned into numpy by a process that
+    holds only some of its shards).
     """
     params, x, y = multihost_problem(steps=steps)
     axis = mesh.axis_names[0]
@@ -175,6 +193,8 @@ def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
     step = parallel.mlp_block_step("dp", mesh, lr)
     p = parallel.place(params, mesh, pspec)
     sharding = NamedSharding(mesh, xspec)
+    # This process's devices come one after another in the mesh (jax.make_mesh orders
+    # them so), so its rows of the global batch are one contiguous block.
     per = x.shape[1] // process_count
     rows = slice(process_index * per, (process_index + 1) * per)
     losses = []
@@ -182,11 +202,86 @@ def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
         xb = jax.make_array_from_process_local_data(sharding, x[t, rows], x.shape[1:])
         yb = jax.make_array_from_process_local_data(sharding, y[t, rows], y.shape[1:])
         p, loss = step(p, xb, yb)
-        losses.append(float(loss))
+        losses.append(float(loss))  # the loss is replicated: every process has it whole
     from jax.experimental import multihost_utils
 
-    w1 = np.asarray(multihost_utils.process_allgather(p["w1"], tiled=True))
-    return {"losses": losses, "w1_sum": float(np.sum(w1, dtype=np.float64))}
+    trained = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in p.items()}
+    return {"losses": losses, "params": trained}
+
+
+def worker(coordinator: str | None = None, num_processes: int | None = None,
+           process_id: int | None = None, steps: int = 5, checkpoint_dir: str | None = None) -> dict:
+    """What each process of a multi-process run executes: the same program on every host.
+
+    ``jax.distributed.initialize`` joins this process to the others (on a TPU pod slice
+    it takes no arguments: it reads the slice's metadata). After it, ``jax.devices()``
+    lists the devices of every process and ``jax.local_devices()`` this process's own;
+    the mesh spans them all. Only process 0 writes the checkpoint: every process holds
+    the same gathered parameters, and one writer is enough.
+    """
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        # CPU devices of different processes talk through gloo (JAX's default on recent
+        # versions; set explicitly for older ones).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes, process_id)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
+    out = train_data_parallel(mesh, steps, jax.process_index(), jax.process_count())
+    if checkpoint_dir is not None and jax.process_index() == 0:
+        np.savez(os.path.join(checkpoint_dir, f"mlp_block_step{steps}.npz"), **out["params"])
+    return {"losses": out["losses"], "w1_sum": float(np.sum(out["params"]["w1"], dtype=np.float64)),
+            "process_index": jax.process_index(), "process_count": jax.process_count(),
+            "local_devices": jax.local_device_count(), "global_devices": jax.device_count()}
+
+
+# ------------------------------------------------------- lab 6's check of process_rows
+
+
+def rows_mesh(kind: str) -> Mesh:
+    """A mesh whose processes' devices are not contiguous (lab 6's check).
+
+    ``"interleaved"``: one ``data`` axis over the devices taken as (process 0's first,
+    process 1's first, ..., process 0's second, ...). ``"replicated"``: a ``(data,
+    model)`` grid with one row per process, so all the devices of a process hold
+    replicas of the same block of the batch.
+    """
+    by_process: dict[int, list] = {}
+    for d in sorted(jax.devices(), key=lambda d: d.id):
+        by_process.setdefault(d.process_index, []).append(d)
+    columns = [by_process[p] for p in sorted(by_process)]
+    devices = [column[i] for i in range(len(columns[0])) for column in columns]
+    if kind == "interleaved":
+        return Mesh(np.asarray(devices, dtype=object), ("data",), axis_types=(AxisType.Auto,))
+    if kind == "replicated":
+        grid = np.asarray(columns, dtype=object)  # row p: process p's devices
+        return Mesh(grid, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    raise errors.CourseValueError(f"mesh kind must be 'interleaved' or 'replicated', got {kind!r}")
+
+
+def check_rows(path: str, name: str, mesh_kind: str, rows: int = 16) -> dict:
+    """Run a learner's ``name(global_batch, sharding)`` from the file ``path`` in this process.
+
+    The global batch's row ``i`` holds ``i`` everywhere. Returns the rows this process
+    fed, the rows its devices hold, and the global batch as assembled from every
+    process's rows (gathered back with ``process_allgather``).
+    """
+    import runpy
+
+    from jax.experimental import multihost_utils
+
+    fn = runpy.run_path(path)[name]
+    mesh = rows_mesh(mesh_kind)
+    sharding = NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    batch = np.repeat(np.arange(rows, dtype=np.float32)[:, None], 3, axis=1)
+    local = np.asarray(fn(batch.copy(), sharding))
+    held = sorted({(i[0].start or 0) for i in sharding.addressable_devices_indices_map(batch.shape).values()})
+    block = rows // mesh.shape["data"]
+    arr = jax.make_array_from_process_local_data(sharding, local, batch.shape)
+    back = np.asarray(multihost_utils.process_allgather(arr, tiled=True))
+    return {"fed": local[:, 0].astype(int).tolist() if local.ndim == 2 else None,
+            "fed_shape": list(local.shape),
+            "held": [r for s in held for r in range(s, s + block)],
+            "assembled": back[:, 0].astype(int).tolist(),
+            "process_index": jax.process_index()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,16 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-processes", type=int, default=None)
     ap.add_argument("--process-id", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--checkpoint-dir", default=None, help="where process 0 writes the weights")
+    ap.add_argument("--rows-from", default=None, help="lab 6: a file defining process_rows")
+    ap.add_argument("--rows-name", default="process_rows")
+    ap.add_argument("--rows-mesh", default="interleaved")
+    ap.add_argument("--rows", type=int, default=16)
     a = ap.parse_args(argv)
-    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        # CPU devices of different processes talk through gloo (JAX's default on recent
-        # versions; set explicitly for older ones).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
-    mesh = parallel.make_mesh((jax.device_count(),), ("data",))
-    out = train_data_parallel(mesh, a.steps, jax.process_index(), jax.process_count())
-    out.update(process_index=jax.process_index(), process_count=jax.process_count(),
-               local_devices=jax.local_device_count(), global_devices=jax.device_count())
+    if a.rows_from is None:
+        out = worker(a.coordinator, a.num_processes, a.process_id, a.steps, a.checkpoint_dir)
+    else:
+        if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+        out = check_rows(a.rows_from, a.rows_name, a.rows_mesh, a.rows)
     print(json.dumps(out))
     return 0
 

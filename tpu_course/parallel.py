@@ -226,12 +226,22 @@ def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mes
 
     Returns ``(jitted_step, state_sharding, batch_sharding)``; place the state with
     ``jax.device_put(state, state_sharding)`` and each batch with ``batch_sharding``.
-    XLA inserts the collectives the layouts imply: for DP an all-reduce of the
-    gradients, for FSDP all-gathers of the parameters (and, on TPU, reduce-scatters of
-    the gradients), for TP all-reduces of activations.
+    The step itself is unchanged. Under ``"fsdp"`` the parameters and the optimizer's
+    moments are stored sharded (``strategy_placement``), and inside the step the
+    parameters are constrained to be whole where the step uses them: that is FSDP's
+    "gather before use", so XLA all-gathers each weight and sums each gradient back to
+    its shard. Without that constraint XLA is free to keep the weights sharded and move
+    the activations instead (all-to-alls), which is not FSDP.
     """
     place = strategy_placement(strategy, mesh, axis)(state)
-    jitted = jax.jit(step, in_shardings=(place.state, place.batch),
+    whole = NamedSharding(mesh, P())
+
+    def fsdp_step(state, batch):  # gather the parameters, then the unchanged step
+        params = jax.lax.with_sharding_constraint(state.params, whole)
+        return step(state._replace(params=params), batch)
+
+    jitted = jax.jit(fsdp_step if strategy == "fsdp" else step,
+                     in_shardings=(place.state, place.batch),
                      out_shardings=(place.state, place.scalars))
     return jitted, place.state, place.batch
 
@@ -241,30 +251,43 @@ def train_chapter5(strategy: str | None, mesh: Mesh | None, images: np.ndarray,
                    hidden: Sequence[int] = (128, 64), lr: float = 0.05, seed: int = 0) -> list[float]:
     """Train the chapter-5 ``models.MLP`` for ``steps`` SGD steps; return the losses.
 
-    Chapter 5's loop, ``train.fit``, with a ``TrainConfig`` for plain SGD on the first
-    ``steps x batch_size`` images in order (no shuffle), so every run sees the same
-    data, placed by :func:`strategy_placement`: ``strategy=None`` is the single-device
-    reference (on the first device of ``mesh``: comparing a TPU run with a CPU mesh
-    would compare bf16 matmul passes with fp32 ones), otherwise the step is jitted with
-    the strategy's shardings on ``mesh``. The losses must agree to float rounding.
+    Chapter 5's model and train step (``train.make_train_step``) with plain SGD, on the
+    first ``steps x batch_size`` images in order, so every run sees the same data.
+    ``strategy=None`` is the single-device reference (on the first device of ``mesh``:
+    comparing a TPU run with a CPU mesh would compare bf16 matmul passes with fp32
+    ones); otherwise the step is ``make_sharded_train_step(step, strategy, ...)`` on
+    ``mesh``. The losses must agree to float rounding.
     """
-    from tpu_course import train
+    import optax
+    from flax import nnx
+
+    from tpu_course import models, train
 
     steps = errors.check_int("steps", steps, low=1)
     batch_size = errors.check_int("batch_size", batch_size, low=1)
     if steps * batch_size > len(images):
         raise errors.CourseValueError(f"{steps} steps of {batch_size} need {steps * batch_size} "
                                       f"images, {len(images)} were given")
-    config = train.TrainConfig(model="mlp", mlp_hidden=tuple(hidden), optimizer="sgd",
-                               learning_rate=lr, seed=seed, epochs=1, batch_size=batch_size,
-                               max_train_examples=steps * batch_size, shuffle=False,
-                               pipeline="prefetch", eval_batch_size=batch_size, log_every=1,
-                               progress=False)
-    # Evaluation is not what this compares: the first batch stands in for a test set.
-    data = types.SimpleNamespace(train_images=images, train_labels=labels,
-                                 test_images=images[:batch_size], test_labels=labels[:batch_size])
-    history = train.fit(config, data=data, placement=strategy_placement(strategy, mesh))
-    return [loss for _, loss, _ in history.steps]
+    tx = optax.sgd(lr)
+    graphdef, state = train.init_state(models.MLP(tuple(hidden), rngs=nnx.Rngs(seed)), tx)
+    step = train.make_train_step(graphdef, tx)
+    if strategy is None:
+        device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+        s_state = s_batch = jax.sharding.SingleDeviceSharding(device)
+        jitted = jax.jit(step)
+    else:
+        if mesh is None:
+            raise errors.CourseValueError(f"a {strategy!r} run needs a mesh (parallel.make_mesh)")
+        jitted, s_state, s_batch = make_sharded_train_step(step, strategy, state, mesh)
+    state = jax.device_put(state, s_state)
+    losses = []
+    for i in range(steps):
+        rows = slice(i * batch_size, (i + 1) * batch_size)
+        batch = train.Batch(np.asarray(images[rows]), np.asarray(labels[rows], np.int32),
+                            np.ones((batch_size,), np.float32))
+        state, metrics = jitted(state, jax.device_put(batch, s_batch))
+        losses.append(float(metrics["loss"]))
+    return losses
 
 
 # ------------------------------------------------- the MLP block, collectives by hand
@@ -292,7 +315,7 @@ def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array,
 
 def block_loss(params: dict, x: jax.Array, y: jax.Array,
                precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
-    """The mean squared error of :func:`mlp_block` on one batch."""
+    """The mean squared error of ``mlp_block`` on one batch."""
     return jnp.mean((mlp_block(params["w1"], params["w2"], x, precision) - y) ** 2)
 
 
@@ -416,7 +439,7 @@ def ring_all_reduce(x: jax.Array, axis: str, axis_size: int) -> jax.Array:
     sends one chunk to its right-hand neighbour, which adds it to its own copy; after
     that device ``i`` holds the full sum of chunk ``(i+1) mod n``. All-gather: ``n-1``
     more steps pass the finished chunks around. Each device sends ``2 (n-1)/n`` of the
-    array in all, the ring all-reduce's cost (``tpu_course.comms.all_reduce_time``).
+    array in all: the ring all-reduce's cost.
     """
     n = axis_size
     if n == 1:

@@ -1,6 +1,7 @@
 """Checkers for lab 6: FSDP of the chapter-5 model by annotations (predicted, written,
 compiled for the simulated CPUs and for a v5e-8), a bidirectional ring all-reduce and a
-hierarchical all-reduce across slices (both transfer), and a strategy choice.
+hierarchical all-reduce across slices (both transfer), a strategy choice, and the rows of
+the global batch each process feeds in a two-process ``jax.distributed`` run.
 
 Every checker compiles or runs the learner's code itself (on simulated CPU devices, or
 the compile-only v5e-8 for exercise 3), so the scorecard re-grades from the notebook's
@@ -42,6 +43,7 @@ EX3 = "Exercise 3 (FSDP on a v5e-8: predict, then compile)"
 EX4 = "Exercise 4 (a bidirectional ring all-reduce)"
 EX5 = "Exercise 5 (a hierarchical all-reduce across slices)"
 EX6 = "Exercise 6 (choose a strategy)"
+EX7 = "Exercise 7 (each process's rows of the global batch)"
 
 BATCH = 64  # the batch the checkers compile the step for (8 rows per device)
 WIDTH = 256  # the chapter-5 MLP's hidden width
@@ -658,3 +660,121 @@ def check_strategy(choose: Callable[[str, float, float, int], tuple[str, str]],
     return ok(EX6, f"all {len(cases)} plans right: memory decides DP vs FSDP (10 bytes per "
                    "parameter against HBM), the course's DCN rule decides DP vs pipeline "
                    "across slices (above the book's C / W_dcn once there are more than two)")
+
+
+# -- exercise 7: the rows each process feeds, in a real two-process run
+
+
+def _rows_cases(rng: Any) -> list[tuple[str, dict[str, Any]]]:
+    rows = int(rng.choice([8, 24]))
+    return [(f"a (data, model) mesh where both devices of a process hold the same block, "
+             f"{rows} rows", {"mesh_kind": "replicated", "rows": rows})]
+
+
+def _rows_source(process_rows: Callable) -> str:
+    """The learner's function as a file the worker processes can run, or a failure."""
+    import inspect
+    import textwrap
+
+    if getattr(process_rows, "__name__", "") == "<lambda>":
+        refuse(EX7, "process_rows is a lambda: the worker processes need its source",
+               hint="define it with def in a notebook cell")
+    try:
+        source = textwrap.dedent(inspect.getsource(process_rows))
+    except (OSError, TypeError) as err:
+        refuse(EX7, f"the source of process_rows cannot be read ({err}): each worker process "
+                    "runs it from its source", hint="define it with def in a notebook cell")
+    return ("import numpy as np\nimport jax\nimport jax.numpy as jnp\n\n" + source
+            + f"\n\nprocess_rows = {process_rows.__name__}\n")
+
+
+def _span(rows: Sequence[int]) -> str:
+    if rows and list(rows) == list(range(rows[0], rows[0] + len(rows))):
+        return f"rows {rows[0]}-{rows[-1]}"
+    return "rows " + ", ".join(map(str, rows))
+
+
+@LAB.exercise(EX7, minutes=15, kind="transfer", hidden=_rows_cases)
+def check_process_rows(process_rows: Callable, mesh_kind: str = "interleaved",
+                       rows: int = 16) -> CheckResult:
+    """Exercise 7: in a two-process run (2 CPU devices each, ``jax.distributed`` over gloo on
+    127.0.0.1), each process's ``process_rows(global_batch, sharding)`` is exactly the rows
+    its devices hold, once each, in the global batch's order; the global array that
+    ``jax.make_array_from_process_local_data`` assembles from them is the global batch."""
+    import os
+    import tempfile
+
+    from tpu_course import multihost
+
+    refuse_course_code(EX7, process_rows, _ref.process_rows, multihost.check_rows,
+                       multihost.train_data_parallel)
+    if not callable(process_rows):
+        refuse(EX7, f"process_rows should be a function, not {type(process_rows).__name__}",
+               hint="def process_rows(global_batch, sharding): ...")
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(_rows_source(process_rows))
+    try:
+        results = multihost.launch_local(
+            num_processes=2, local_devices=2, steps=1, timeout_s=240,
+            extra_args=["--rows-from", f.name, "--rows-mesh", mesh_kind, "--rows", str(rows)])
+    except multihost.LaunchError as err:
+        lines = err.stderr_tail.strip().splitlines()
+        last = lines[-1] if lines else str(err).splitlines()[0]
+        if err.rank is None:
+            refuse(EX7, "the two-process run did not finish in time", hint="process_rows "
+                   "should only slice numpy arrays: no collectives, no waiting on the other "
+                   "process")
+        if "Invalid host data" in err.stderr_tail:
+            refuse(EX7, f"process {err.rank}'s rows do not make the global batch: "
+                        f"jax.make_array_from_process_local_data said {last[:200]}",
+                   hint="feed each block this process's devices hold exactly once: a block "
+                        "two of its devices hold (replicas) once, blocks only other "
+                        "processes hold not at all",
+                   answer="the rows of sharding.addressable_devices_indices_map(shape), each "
+                          "block once, in the global batch's order")
+        refuse(EX7, f"process_rows raised in process {err.rank}: {last[:200]}",
+               hint="it runs alone in each worker process: numpy (np) and jax are imported "
+                    "there; define any helper inside it")
+    finally:
+        os.unlink(f.name)
+    for r in sorted(results, key=lambda r: r["process_index"]):
+        i, fed, held = r["process_index"], r["fed"], r["held"]
+        if fed is None:
+            refuse(EX7, f"process {i} returned an array of shape {tuple(r['fed_shape'])}, "
+                        "not rows of the batch", hint="return global_batch[...] rows, every "
+                        "column kept")
+        if fed == held:
+            continue
+        answer = f"process {i} feeds {_span(held)}"
+        if len(fed) > len(set(fed)):
+            refuse(EX7, f"process {i} fed some rows twice: a block two of its devices hold "
+                        "(replicas) went in once per device",
+                   hint="feed each block this process's devices hold exactly once",
+                   answer=answer)
+        if fed == list(range(rows)) and len(held) < rows:
+            refuse(EX7, f"process {i} fed the whole global batch ({rows} rows); its devices "
+                        f"hold {len(held)} of them",
+                   hint="each host loads only the rows its own devices hold: that is the "
+                        "point of make_array_from_process_local_data", answer=answer)
+        if sorted(fed) == sorted(held):
+            refuse(EX7, f"process {i} fed the right rows in another order",
+                   hint="concatenate the blocks in the order they have in the global batch",
+                   answer=answer)
+        if fed == list(range(fed[0], fed[0] + len(fed))) if fed else False:
+            refuse(EX7, f"process {i} fed one contiguous block ({_span(fed)}), but on this "
+                        "mesh its devices are not next to each other",
+                   hint="the chapter's worker could slice by process_index only because "
+                        "jax.make_mesh put each process's devices together; ask the sharding "
+                        "instead: sharding.addressable_devices_indices_map(global_batch.shape) "
+                        "maps each of this process's devices to the rows it holds",
+                   answer=answer)
+        refuse(EX7, f"process {i} fed {_span(fed)}: not the rows its devices hold",
+               hint="sharding.addressable_devices_indices_map(global_batch.shape) maps each of "
+                    "this process's devices to the rows it holds", answer=answer)
+    if any(r["assembled"] != list(range(rows)) for r in results):
+        refuse(EX7, "the assembled global array is not the global batch",
+               hint="feed each block this process holds once, in the global batch's order")
+    fed = {r["process_index"]: _span(r["fed"]) for r in results}
+    return ok(EX7, f"on the {mesh_kind} mesh process 0 fed {fed[0]} and process 1 {fed[1]}: "
+                   "together, through make_array_from_process_local_data, exactly the global "
+                   "batch (gathered back with process_allgather)")
