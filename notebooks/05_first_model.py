@@ -90,7 +90,7 @@ from tpu_course import bench, data, models, train
 
 ON_CPU = rt.platform == "cpu"
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "one-day"}
 # ## 1. The data
 #
 # `tpu_course.data` loads MNIST: the full 60,000-image training set when it can be
@@ -112,6 +112,38 @@ for ax, img, label in zip(axes.flat, ds.train_images, ds.train_labels):
     ax.axis("off")
 plt.tight_layout()
 plt.show()
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The chip, not the host, turns the bytes into the floats the model wants: the step
+# calls `prepare_images` on each batch (below, and kept equal to the package's
+# `tpu_course.models.prepare_images`, which chapter 6 and the benchmarks use). It adds
+# the channel axis (channels last) and scales 0..255 to [0, 1].
+
+# %% slideshow={"slide_type": "skip"}
+# Same code as tpu_course.models.prepare_images
+def prepare_images(images: Any, dtype: Any = jnp.float32) -> jax.Array:
+    """uint8 images ``(N, 28, 28)`` -> floats in [0, 1] of shape ``(N, 28, 28, 1)``.
+
+    Called inside the jitted step, so it runs on the chip: the host sends uint8 (one byte
+    a pixel, a quarter of what float32 would cost to copy) and the conversion is a few
+    cheap element-wise operations there. Float images pass through, already scaled.
+    """
+    x = jnp.asarray(images)
+    if x.ndim == 3:  # (N, 28, 28) -> (N, 28, 28, 1): one channel, channels last
+        x = x[..., None]
+    if x.ndim != 4 or x.shape[1:3] != (28, 28):
+        raise ValueError(
+            f"expected images of shape (N, 28, 28) or (N, 28, 28, 1), got {x.shape}; "
+            "pass a batch of MNIST-sized images (add a leading batch axis for one image)"
+        )
+    if jnp.issubdtype(x.dtype, jnp.integer):  # pixels 0..255
+        return x.astype(dtype) / 255.0
+    return x.astype(dtype)
+
+# %% slideshow={"slide_type": "skip"}
+x = prepare_images(ds.train_images[:2])
+print(f"{ds.train_images[:2].dtype} {ds.train_images[:2].shape} -> {x.dtype} {x.shape}, "
+      f"values in [{float(x.min()):.0f}, {float(x.max()):.0f}]")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 12, "agenda": "one-day"}
 # ## 2. The model: an `nnx.Module`
@@ -215,7 +247,7 @@ for name, m in (("CNN", model), ("MLP", mlp)):
 
 # %% slideshow={"slide_type": "skip"}
 def nnx_loss(model, batch):
-    logits = model(models.prepare_images(batch.images))  # uint8 -> floats in [0, 1], on the chip
+    logits = model(prepare_images(batch.images))  # uint8 -> floats in [0, 1], on the chip
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels)
     return jnp.sum(batch.weights * ce) / jnp.maximum(jnp.sum(batch.weights), 1.0)
 
@@ -227,7 +259,7 @@ def nnx_train_step(model, optimizer, batch):
     return loss
 
 # %% slideshow={"slide_type": "skip"}
-batch = next(train.batches(ds.train_images, ds.train_labels, 64, seed=0))
+batch = next(train.batches(ds.train_images, ds.train_labels, 64, seed=0))  # section 5 writes it
 nnx_model = CNN(rngs=nnx.Rngs(0))
 optimizer = nnx.Optimizer(nnx_model, optax.adam(1e-3), wrt=nnx.Param)
 losses = [float(nnx_train_step(nnx_model, optimizer, batch)) for _ in range(20)]
@@ -384,19 +416,80 @@ eval_step = jax.jit(make_eval_step(graphdef))
 print("after one step:", evaluate(eval_step, state.params, ds.test_images, ds.test_labels)["count"],
       "test images counted")
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "one-day"}
 # ## 5. An input pipeline that keeps the chip fed
 #
-# `train.batches` shuffles with a permutation seeded by (seed, epoch) and slices
-# fixed-size batches, so every step has one shape and nothing recompiles. The last
-# partial batch is either dropped (`last_batch='drop'`, the default for training: a new
-# permutation next epoch picks other leftovers) or padded with zero-weight examples
-# (`'pad'`, every example exactly once per epoch).
+# `batches` shuffles with a permutation seeded by (seed, epoch) and slices fixed-size
+# batches, so every step has one shape and nothing recompiles. Only the indices are
+# shuffled: `images[i]` gathers a whole batch in one numpy call. The last partial batch
+# is either dropped (`last_batch='drop'`, the default for training: a new permutation
+# next epoch picks other leftovers) or padded with zero-weight examples (`'pad'`, every
+# example exactly once per epoch). `lay_out` is that rule, written once for numpy and
+# `jax.numpy` (`xp`): section 6 reuses it on the device. These are the package's
+# `tpu_course.pipelines` functions (`train.batches`, used by sections 3 and 4 above, is
+# the same function).
+
+# %% slideshow={"slide_type": "skip"}
+# Same code as tpu_course.pipelines.lay_out, tpu_course.pipelines.epoch_indices, tpu_course.pipelines.batches
+def lay_out(order, batch_size, last_batch, xp):
+    """Cut a permutation ``order`` of n examples into ``(steps, batch_size)`` indices and
+    weights: one rule for the host (``xp=numpy``) and the device (``xp=jax.numpy``).
+
+    ``'drop'``: the ``n // batch_size`` full batches; the leftover ``n % batch_size``
+    examples of this permutation are skipped (the next epoch's permutation picks others).
+    ``'pad'``: ``ceil(n / batch_size)`` batches, the last one filled up with example 0 at
+    weight 0, so every example counts exactly once. Either way every batch has one shape,
+    so the jitted step never recompiles.
+    """
+    n = order.shape[0]
+    if last_batch == "drop":
+        steps = n // batch_size
+        if steps == 0:
+            raise ValueError(f"batch_size={batch_size} is larger than the {n} examples: with "
+                             "last_batch='drop' there is no full batch; use a smaller batch "
+                             "or last_batch='pad'")
+        idx = order[: steps * batch_size]
+        weights = xp.ones(idx.shape, xp.float32)
+    elif last_batch == "pad":
+        steps = -(-n // batch_size)  # ceil(n / batch_size)
+        pad = steps * batch_size - n
+        idx = xp.concatenate([order, xp.zeros(pad, order.dtype)])
+        weights = xp.concatenate([xp.ones(n, xp.float32), xp.zeros(pad, xp.float32)])
+    else:
+        raise ValueError(f"last_batch must be 'drop' or 'pad', got {last_batch!r}")
+    return idx.reshape(steps, batch_size), weights.reshape(steps, batch_size)
+
+
+def epoch_indices(n, batch_size, *, seed=0, epoch=0, shuffle=True, last_batch="drop"):
+    """Example indices ``(steps, batch_size)`` and weights for one epoch, from numpy.
+
+    The permutation is ``np.random.default_rng([seed, epoch]).permutation(n)``: the same
+    for the same (seed, epoch), whatever ran before, which is what makes a resumed run
+    see the same batches as an uninterrupted one. ``last_batch`` as in ``lay_out``.
+    """
+    if batch_size < 1 or n < 1:
+        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+    return lay_out(order, batch_size, last_batch, np)
+
+
+def batches(images, labels, batch_size, *, seed=0, epoch=0, shuffle=True, last_batch="drop"):
+    """One epoch of shuffled host (numpy) batches; every batch has the same shape.
+
+    Only the indices are shuffled; ``images[i]`` then gathers one batch, still uint8 (the
+    chip converts it). See ``epoch_indices`` for the order and the last partial batch.
+    """
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+    idx, weights = epoch_indices(len(images), batch_size, seed=seed, epoch=epoch,
+                                 shuffle=shuffle, last_batch=last_batch)
+    for i, w in zip(idx, weights):
+        yield Batch(images[i], labels[i].astype(np.int32), w)
 
 # %% slideshow={"slide_type": "subslide"}
 n = len(ds.train_images)
 for mode in ("drop", "pad"):
-    idx, w = train.epoch_indices(n, 64, seed=0, epoch=0, last_batch=mode)
+    idx, w = epoch_indices(n, 64, seed=0, epoch=0, last_batch=mode)
     used = idx[w == 1]
     print(f"{mode}: {len(idx)} batches of 64, {len(used):,} examples used, "
           f"{len(np.unique(used)):,} distinct")
@@ -444,7 +537,7 @@ for x in prefetch_to_device(source(), depth=2):
     log.append(f"step on {int(x[0])}")
 print(", ".join(log))
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 12, "agenda": "one-day"}
 # ## 6. The epoch loop
 #
 # Now the whole run: Adam with a short linear warm-up and a cosine decay of the learning
@@ -458,7 +551,7 @@ print(", ".join(log))
 # %% slideshow={"slide_type": "subslide"}
 def train_epoch(step, state, images, labels, epoch, batch_size=64, depth=2):
     losses = []
-    host = train.batches(images, labels, batch_size, seed=0, epoch=epoch)
+    host = batches(images, labels, batch_size, seed=0, epoch=epoch)
     for batch in tqdm(prefetch_to_device(host, depth), total=len(images) // batch_size,
                       desc=f"epoch {epoch + 1}", leave=False):
         state, metrics = step(state, batch)
@@ -472,7 +565,7 @@ tx = optax.adam(optax.warmup_cosine_decay_schedule(0.0, 5e-3, 10, epochs * steps
 graphdef, state = new_state(CNN(rngs=nnx.Rngs(0)), tx)
 
 t = time.perf_counter()
-probe = jax.device_put(next(train.batches(ds.train_images, ds.train_labels, batch_size)))
+probe = jax.device_put(next(batches(ds.train_images, ds.train_labels, batch_size)))
 step = jax.jit(make_train_step(graphdef, tx), donate_argnums=donate).lower(state, probe).compile()
 eval_step = jax.jit(make_eval_step(graphdef))
 compile_s = time.perf_counter() - t
@@ -494,6 +587,103 @@ print(f"compile {compile_s:.2f} s (measured apart); "
 # The same run, reduced to what does not vary from run to run:
 print(f"trained {epochs} epochs on {ds.train_set}, {int(state.step)} steps")
 print("test accuracy >= 97.6 % at the end:", record[-1][2] >= 0.976)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ### The whole epoch in one launch
+#
+# The loop above goes back to Python for every batch: slice it on the host, start its
+# copy, launch the step, go round again. For a model this small that host work, not the
+# chip, sets the pace on an accelerator. The fastest pipeline takes the host out of the
+# loop:
+#
+# 1. put the whole training set in device memory once (one byte a pixel: the run below
+#    prints how little that is beside a chip's memory);
+# 2. draw each epoch's permutation on the device (`jax.random.permutation`), laid out
+#    by section 5's `lay_out` with `xp=jax.numpy`;
+# 3. run every step of the epoch inside one compiled program with `jax.lax.scan`.
+#
+# `lax.scan(body, carry, xs)` is a loop the compiler sees whole: it calls
+# `body(carry, x)` for each row `x` of `xs`, threads `carry` (here the `TrainState`)
+# from one call to the next, and stacks what each call returns (here the metrics). The
+# body gathers its batch from the device-resident arrays (`images[i]`), so nothing
+# crosses to the host until the epoch ends. Jitted, that is one launch per epoch. This
+# is the package's `tpu_course.pipelines.make_device_epoch`, which `train.fit` and the
+# benchmarks use on a TPU or GPU.
+
+# %% slideshow={"slide_type": "subslide"}
+# Same code as tpu_course.pipelines.device_epoch_indices, tpu_course.pipelines.make_device_epoch
+def device_epoch_indices(key, n, batch_size, last_batch="drop"):
+    """The on-device twin of ``epoch_indices``: the permutation drawn from a JAX key."""
+    return lay_out(jax.random.permutation(key, n), batch_size, last_batch, jnp)
+
+
+def make_device_epoch(train_step, n, batch_size, last_batch="drop"):
+    """One whole epoch as one function, for data already in device memory.
+
+    Returns ``epoch(state, images, labels, key) -> (state, metrics)`` where ``metrics``
+    holds per-step arrays ``{'loss': (steps,), 'accuracy': (steps,)}``. The permutation
+    is drawn on the device from ``key`` and ``lax.scan`` runs ``train_step`` over the
+    batches, gathering each batch from the device-resident arrays: jitted, that is one
+    launch per epoch. Pass the data as arguments (not closed over), so it is not baked
+    into the program as a constant.
+    """
+
+    def epoch(state, images, labels, key):
+        idx, weights = device_epoch_indices(key, n, batch_size, last_batch)  # (steps, B) each
+
+        def body(state, xs):  # one step: scan feeds it row k of idx and weights
+            i, w = xs
+            return train_step(state, Batch(images[i], labels[i], w))  # the gather is on device
+
+        return jax.lax.scan(body, state, (idx, weights))  # metrics stacked: (steps,) each
+
+    return epoch
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The same training as above (same model, optimizer and schedule), now with the data on
+# the device. The data go in as arguments, not closed over: a closed-over array would be
+# baked into the compiled program as a constant. Each epoch gets its own key
+# (`jax.random.fold_in(key, epoch)`), so its own permutation. On a TPU or GPU the cell
+# runs the whole training; on a CPU only one short epoch of 640 images, because XLA's CPU
+# backend runs this scanned step far slower than the same step launched one at a time
+# (the cell prints both rates).
+
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+n_device, device_epochs = (640, 1) if ON_CPU else (len(ds.train_images), epochs)
+print(f"the whole training set is {ds.train_images.nbytes / 1e6:.1f} MB of uint8 images")
+train_images = jax.device_put(ds.train_images[:n_device])  # once for the whole run
+train_labels = jax.device_put(ds.train_labels[:n_device].astype(np.int32))
+graphdef, device_state = new_state(CNN(rngs=nnx.Rngs(0)), tx)
+epoch_fn = make_device_epoch(make_train_step(graphdef, tx), n_device, batch_size)
+
+t = time.perf_counter()
+key = jax.random.key(0)
+device_epoch = jax.jit(epoch_fn, donate_argnums=donate).lower(
+    device_state, train_images, train_labels, key).compile()
+device_compile_s = time.perf_counter() - t
+
+device_s = 0.0
+for epoch in range(device_epochs):
+    t = time.perf_counter()
+    device_state, metrics = device_epoch(device_state, train_images, train_labels,
+                                         jax.random.fold_in(key, epoch))  # one launch
+    jax.block_until_ready(device_state)
+    device_s += time.perf_counter() - t
+    ev = evaluate(eval_step, device_state.params, ds.test_images, ds.test_labels)
+    print(f"epoch {epoch + 1}: {metrics['loss'].shape[0]} steps in one launch, train loss "
+          f"{float(metrics['loss'].mean()):.4f}, test accuracy {ev['accuracy']:.2%}, "
+          f"{device_s:.1f} s of training")
+device_rate = int(device_state.step) * batch_size / device_s
+host_rate = epochs * steps_per_epoch * batch_size / train_s
+print(f"compile {device_compile_s:.2f} s; {device_rate:,.0f} images/s on {rt.platform.upper()}, "
+      f"against {host_rate:,.0f} with the host loop above ({device_rate / host_rate:.2f}x)")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# On an accelerator this is the fastest pipeline of the chapter: section 9 shows the
+# committed H200 run, where this function trained an order of magnitude faster than the
+# host loop. On a CPU it is the slowest: the rates above say by how much. A CPU is not
+# what it is for, and this is one more reason to measure on the runtime you will train
+# on rather than carry a speed-up from one backend to another.
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 7. Save and restore the training state (Orbax)
@@ -531,8 +721,8 @@ print(f"restored step {int(restored.step)}; same test accuracy: {after == before
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 trained = nnx.merge(graphdef, state.params)
-logits = jnp.concatenate([trained(models.prepare_images(b.images)) for b in
-                          train.batches(ds.test_images, ds.test_labels, 1000, shuffle=False)])
+logits = jnp.concatenate([trained(prepare_images(b.images)) for b in
+                          batches(ds.test_images, ds.test_labels, 1000, shuffle=False)])
 predictions = np.asarray(logits.argmax(-1))
 cm = train.confusion_matrix(ds.test_labels, predictions)
 off = cm - np.diag(np.diag(cm))
@@ -587,7 +777,7 @@ x, y = ds.train_images, ds.train_labels
 
 def host_batches(batch_size, count):
     for e in range(100):
-        for b in train.batches(x, y, batch_size, seed=0, epoch=e):
+        for b in batches(x, y, batch_size, seed=0, epoch=e):
             if count == 0:
                 return
             count -= 1
@@ -614,8 +804,8 @@ print(f"H200 (committed): host-fed with prefetch {host_fed['images_per_s']:,.0f}
 # there is no separate link to overlap with computing. On an accelerator the copy crosses
 # PCIe (GPU) or the host link (TPU) while the chip computes, and for a model this small
 # the host's work per step (slicing, launching) is what limits speed: the committed H200
-# run trains an order of magnitude faster once the data lives on the device and one
-# launch runs a whole epoch (`train.make_device_epoch`, a `lax.scan` over the steps).
+# run (the cell above) trains an order of magnitude faster once the data lives on the
+# device and one launch runs a whole epoch (section 6's `make_device_epoch`).
 # (That run did not time prefetch depth 0 against 2.)
 #
 # **Batch size vs throughput.** Bigger batches give the matrix units more work per
@@ -627,7 +817,7 @@ plain_step = jax.jit(make_train_step(graphdef, tx))
 sizes = (32, 256) if ON_CPU else (64, 256, 1024, 4096)
 fresh = new_state(CNN(rngs=nnx.Rngs(0)), tx)[1]
 for bs in sizes:
-    b = jax.device_put(next(train.batches(x, y, bs, seed=0)))
+    b = jax.device_put(next(batches(x, y, bs, seed=0)))
     r = bench.benchmark(plain_step, fresh, b, warmup=1, repeats=3, min_time=0.0 if ON_CPU else 0.2,
                         warn=False)
     print(f"batch {bs:5d}: {r.median_s * 1e3:8.2f} ms/step, {bs / r.median_s:12,.0f} images/s "
@@ -712,10 +902,10 @@ for r in ref["rows"]:
              if r["time_to_976_train_s"] is not None else "n/a (no 97.6 % target for Fashion-MNIST)"))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
-# On the H200 the on-device pipeline reaches 97.6 % in a small fraction of a second of
-# training steps, while compiling the step takes seconds: that is why the two are
-# reported apart, and why a single "time to 97.6 %" that does not say what it includes
-# cannot be compared with another.
+# In the committed H200 rows above, the on-device pipeline reaches 97.6 % in a fraction
+# of a second of training steps, while compiling the step takes seconds: that is why
+# the two are reported apart, and why a single "time to 97.6 %" that does not say what
+# it includes cannot be compared with another.
 #
 # **Takeaways**
 # - A Flax NNX model is a Python object; `nnx.Optimizer` + `nnx.value_and_grad` +

@@ -69,9 +69,10 @@ GOOD_FLOPS = 2 * 3 * 64 * (28 * 28 * 9 * 8 + 14 * 14 * 8 * 10)
 
 
 @nnx.jit
-def honest_step(model, optimizer, batch):
+def honest_step(model, optimizer, batch, max_norm):
     """log_softmax and take_along_axis instead of optax's CE; nnx.grad then a second
-    forward pass for the metrics; jnp.average for the weighted means."""
+    forward pass for the metrics; jnp.average for the weighted means; optax's own
+    clip_by_global_norm transformation applied by hand, and optax.tree.norm."""
     x = batch.images.astype(jnp.float32)[..., None] / 255.0
     w = batch.weights
 
@@ -82,9 +83,42 @@ def honest_step(model, optimizer, batch):
 
     loss = loss_of(model)
     logits = model(x)
-    optimizer.update(model, nnx.grad(loss_of)(model))
+    grads = nnx.grad(loss_of)(model)
+    clip = optax.clip_by_global_norm(max_norm)
+    clipped, _ = clip.update(grads, clip.init(grads))
+    optimizer.update(model, clipped)
     correct = (logits.argmax(axis=1) == batch.labels).astype(jnp.float32)
-    return {"loss": loss, "accuracy": jnp.average(correct, weights=w)}
+    return {"loss": loss, "accuracy": jnp.average(correct, weights=w),
+            "grad_norm": optax.tree.norm(grads)}
+
+
+class WithinBudget(nnx.Module):
+    """Strided convolutions instead of pooling, a narrow dense layer: 52,180 parameters."""
+
+    def __init__(self, *, rngs):
+        self.c1 = nnx.Conv(1, 16, kernel_size=(3, 3), strides=(2, 2), rngs=rngs)
+        self.c2 = nnx.Conv(16, 32, kernel_size=(3, 3), strides=(2, 2), rngs=rngs)
+        self.d1 = nnx.Linear(7 * 7 * 32, 30, rngs=rngs)
+        self.d2 = nnx.Linear(30, 10, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.c2(nnx.relu(self.c1(x))))
+        return self.d2(nnx.relu(self.d1(x.reshape(x.shape[0], -1))))
+
+
+class ChaptersCNN(nnx.Module):
+    """Chapter 5's CNN written out: 206,922 parameters, over the budget."""
+
+    def __init__(self, *, rngs):
+        self.conv1 = nnx.Conv(1, 16, kernel_size=(3, 3), rngs=rngs)
+        self.conv2 = nnx.Conv(16, 32, kernel_size=(3, 3), rngs=rngs)
+        self.dense = nnx.Linear(7 * 7 * 32, 128, rngs=rngs)
+        self.out = nnx.Linear(128, 10, rngs=rngs)
+
+    def __call__(self, x):
+        pool = lambda x: nnx.avg_pool(x, (2, 2), strides=(2, 2))
+        x = pool(nnx.relu(self.conv2(pool(nnx.relu(self.conv1(x))))))
+        return self.out(nnx.relu(self.dense(x.reshape(x.shape[0], -1))))
 
 
 def honest_batches(images, labels, batch_size, seed=0, epoch=0):
@@ -101,10 +135,29 @@ def honest_batches(images, labels, batch_size, seed=0, epoch=0):
         yield Batch(x, np.int32(labels[order[sel]]), np.ones(batch_size, dtype=np.float32))
 
 
+def _clipped(grads, max_norm, kind):
+    """The gradient as each clipping mistake leaves it (and right for any other kind)."""
+    leaves = jax.tree.leaves(grads)
+    norm = jnp.sqrt(sum(jnp.sum(g * g) for g in leaves))
+    if kind == "no clip":
+        return grads, norm
+    if kind == "per array":
+        return jax.tree.map(lambda g: g * jnp.minimum(1.0, max_norm / jnp.linalg.norm(g)),
+                            grads), norm
+    if kind == "by value":
+        return jax.tree.map(lambda g: jnp.clip(g, -max_norm, max_norm), grads), norm
+    if kind == "always rescale":
+        return jax.tree.map(lambda g: g * max_norm / norm, grads), norm
+    if kind == "squared norm":
+        return jax.tree.map(lambda g: g * jnp.minimum(1.0, max_norm / norm ** 2), grads), norm
+    scale = jnp.minimum(1.0, max_norm / norm)
+    return jax.tree.map(lambda g: g * scale, grads), norm
+
+
 def make_step(kind):
     """Plausible wrong steps, one mistake each."""
     @nnx.jit
-    def step(model, optimizer, batch):
+    def step(model, optimizer, batch, max_norm):
         w = batch.weights if kind != "unweighted" else jnp.ones_like(batch.weights)
         scale = 1.0 if kind == "raw pixels" else 1 / 255
 
@@ -122,6 +175,7 @@ def make_step(kind):
             return jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1.0), logits
 
         (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        grads, norm = _clipped(grads, max_norm, kind)
         if kind == "by hand":
             params = nnx.state(model, nnx.Param)
             nnx.update(model, jax.tree.map(lambda p, g: p - 0.01 * g, params, grads))
@@ -136,7 +190,11 @@ def make_step(kind):
         accuracy = jnp.sum(acc_w * hits) / jnp.sum(acc_w)
         if kind == "tuple":
             return loss, accuracy
-        return {"loss": loss, "accuracy": accuracy}
+        if kind == "no grad_norm":
+            return {"loss": loss, "accuracy": accuracy}
+        if kind == "norm after clipping":
+            norm = jnp.minimum(norm, max_norm)
+        return {"loss": loss, "accuracy": accuracy, "grad_norm": norm}
 
     return step
 
@@ -144,7 +202,7 @@ def make_step(kind):
 # -- Exercise 1 ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", [Good, Dense])
+@pytest.mark.parametrize("model", [Good, Dense, WithinBudget])
 def test_model_checker_accepts_honest_models(model):
     result = ch05.check_model(model)
     assert result.passed, msg(result)
@@ -202,6 +260,7 @@ class WrapsCourseCNN(nnx.Module):
 
 
 @pytest.mark.parametrize("answer, phrases", [
+    (ChaptersCNN, ("206,922 parameters", "over the budget", "`dense`", "pool once more")),
     (FixedBatch, ("raised", "x.shape[0]")),
     (Softmax3, ("(N, 10)",)),
     (Probabilities, ("probabilities", "raw logits")),
@@ -313,6 +372,13 @@ def test_step_checker_accepts_an_honest_step():
     ("by hand", ("differ from one optimizer update", "no update by hand")),
     ("unweighted accuracy", ("accuracy", "padding")),
     ("tuple", ("returned a tuple",)),
+    ("no clip", ("unclipped gradient", "clip is active")),
+    ("per array", ("clipped on its own norm", "global norm")),
+    ("by value", ("unclipped gradient", "clipping by value")),
+    ("always rescale", ("scaled up", "not active")),
+    ("squared norm", ("squared norm",)),
+    ("no grad_norm", ("lacks ['grad_norm']", "before clipping")),
+    ("norm after clipping", ("grad_norm is the norm after clipping",)),
 ])
 def test_step_checker_names_each_wrong_step(kind, phrases):
     result = ch05.check_train_step(make_step(kind))
@@ -337,12 +403,13 @@ def test_step_checker_refuses_the_course_step():
     ref = nnx.jit(answers.train_step)
 
     @nnx.jit
-    def uses_course_loss(model, optimizer, batch):
+    def uses_course_loss(model, optimizer, batch, max_norm):
         graphdef, params = nnx.split(model, nnx.Param)
         (loss, logits), grads = jax.value_and_grad(train.loss_fn, has_aux=True)(
             params, graphdef, batch)
         optimizer.update(model, grads)
-        return {"loss": loss, "accuracy": jnp.mean(logits.argmax(-1) == batch.labels)}
+        return {"loss": loss, "accuracy": jnp.mean(logits.argmax(-1) == batch.labels),
+                "grad_norm": optax.tree.norm(grads)}
 
     for step in (ref, uses_course_loss):
         result = ch05.check_train_step(step)
@@ -351,7 +418,7 @@ def test_step_checker_refuses_the_course_step():
 
 def test_step_checker_reports_an_unwritten_step():
     @nnx.jit
-    def step(model, optimizer, batch):
+    def step(model, optimizer, batch, max_norm):
         raise NotImplementedError("Exercise 3: write your code here")
     assert ch05.check_train_step(step).status == "not written"
 
@@ -509,13 +576,13 @@ def test_a_step_that_trains_on_anything_else_is_caught(fake_fashion):
     test_batch = Batch(test_x[:64], test_y[:64], np.ones(64, np.float32))
 
     @nnx.jit
-    def on_the_test_set(model, optimizer, batch):
-        return honest_step(model, optimizer, test_batch)
+    def on_the_test_set(model, optimizer, batch, max_norm):
+        return honest_step(model, optimizer, test_batch, max_norm)
 
     @nnx.jit
-    def also_on_the_test_set(model, optimizer, batch):
-        honest_step(model, optimizer, test_batch)
-        return honest_step(model, optimizer, batch)
+    def also_on_the_test_set(model, optimizer, batch, max_norm):
+        honest_step(model, optimizer, test_batch, max_norm)
+        return honest_step(model, optimizer, batch, max_norm)
 
     for step in (on_the_test_set, also_on_the_test_set):
         result = ch05.check_accuracy(Good, step, honest_batches, CONFIG)
@@ -554,6 +621,7 @@ def test_accuracy_checker_reads_the_config_strictly(fake_fashion, config, phrase
 @pytest.mark.parametrize("answer, phrases", [
     ((LooksUpTheTestSet, honest_step, honest_batches), ("before any training",)),
     ((models.CNN, honest_step, honest_batches), ("course's models.CNN",)),
+    ((ChaptersCNN, honest_step, honest_batches), ("over exercise 1's budget", "Exercise 1")),
     ((Good, nnx.jit(answers.train_step), honest_batches), ("course's own function",)),
     ((Good, honest_step, answers.fast_batches), ("course's own function",)),
     ((Good, honest_step.fun if hasattr(honest_step, "fun") else None, honest_batches),
@@ -577,7 +645,7 @@ def test_accuracy_checker_reports_unwritten_pieces(fake_fashion):
     assert ch05.check_accuracy(Good, honest_step, honest_batches, stub).status == "not written"
 
     @nnx.jit
-    def unwritten(model, optimizer, batch):
+    def unwritten(model, optimizer, batch, max_norm):
         raise NotImplementedError("Exercise 3: write your code here")
 
     assert ch05.check_accuracy(Good, unwritten, honest_batches, CONFIG).status == "not written"

@@ -37,54 +37,56 @@ from tpu_course.train_step import Batch, TrainState
 # --------------------------------------------------------------------------- host pipeline
 
 
-def _lay_out(order: Any, batch_size: int, last_batch: str, xp: Any) -> tuple[Any, Any]:
-    """Cut a permutation of ``n`` examples into ``(steps, batch_size)`` indices and weights.
+def lay_out(order, batch_size, last_batch, xp):
+    """Cut a permutation ``order`` of n examples into ``(steps, batch_size)`` indices and
+    weights: one rule for the host (``xp=numpy``) and the device (``xp=jax.numpy``).
 
-    ``xp`` is ``numpy`` (host pipeline) or ``jax.numpy`` (device pipeline): one rule for both.
+    ``'drop'``: the ``n // batch_size`` full batches; the leftover ``n % batch_size``
+    examples of this permutation are skipped (the next epoch's permutation picks others).
+    ``'pad'``: ``ceil(n / batch_size)`` batches, the last one filled up with example 0 at
+    weight 0, so every example counts exactly once. Either way every batch has one shape,
+    so the jitted step never recompiles.
     """
     n = order.shape[0]
     if last_batch == "drop":
         steps = n // batch_size
         if steps == 0:
-            raise errors.CourseValueError(f"batch_size={batch_size} is larger than the {n} examples: with "
-                                          "last_batch='drop' there is no full batch; use a smaller batch "
-                                          "or last_batch='pad'")
+            raise ValueError(f"batch_size={batch_size} is larger than the {n} examples: with "
+                             "last_batch='drop' there is no full batch; use a smaller batch "
+                             "or last_batch='pad'")
         idx = order[: steps * batch_size]
         weights = xp.ones(idx.shape, xp.float32)
     elif last_batch == "pad":
-        steps = -(-n // batch_size)
+        steps = -(-n // batch_size)  # ceil(n / batch_size)
         pad = steps * batch_size - n
         idx = xp.concatenate([order, xp.zeros(pad, order.dtype)])
         weights = xp.concatenate([xp.ones(n, xp.float32), xp.zeros(pad, xp.float32)])
     else:
-        raise errors.CourseValueError(f"last_batch must be 'drop' or 'pad', got {last_batch!r}")
+        raise ValueError(f"last_batch must be 'drop' or 'pad', got {last_batch!r}")
     return idx.reshape(steps, batch_size), weights.reshape(steps, batch_size)
 
 
-def epoch_indices(n: int, batch_size: int, *, seed: int = 0, epoch: int = 0,
-                  shuffle: bool = True, last_batch: str = "drop") -> tuple[np.ndarray, np.ndarray]:
+def epoch_indices(n, batch_size, *, seed=0, epoch=0, shuffle=True, last_batch="drop"):
     """Example indices ``(steps, batch_size)`` and weights for one epoch, from numpy.
 
     The permutation is ``np.random.default_rng([seed, epoch]).permutation(n)``: the same
     for the same (seed, epoch), whatever ran before, which is what makes a resumed run
-    see the same batches as an uninterrupted one. ``last_batch='drop'`` gives
-    ``n // batch_size`` full batches; ``'pad'`` gives ``ceil(n / batch_size)`` batches,
-    the last one filled with index 0 at weight 0.
+    see the same batches as an uninterrupted one. ``last_batch`` as in ``lay_out``.
     """
     if batch_size < 1 or n < 1:
-        raise errors.CourseValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
+        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    return _lay_out(order, batch_size, last_batch, np)
+    return lay_out(order, batch_size, last_batch, np)
 
 
-def batches(images: np.ndarray, labels: np.ndarray, batch_size: int, *, seed: int = 0,
-            epoch: int = 0, shuffle: bool = True, last_batch: str = "drop") -> Iterator[Batch]:
+def batches(images, labels, batch_size, *, seed=0, epoch=0, shuffle=True, last_batch="drop"):
     """One epoch of shuffled host (numpy) batches; every batch has the same shape.
 
-    See :func:`epoch_indices` for the order and the handling of the last partial batch.
+    Only the indices are shuffled; ``images[i]`` then gathers one batch, still uint8 (the
+    chip converts it). See ``epoch_indices`` for the order and the last partial batch.
     """
     if len(images) != len(labels):
-        raise errors.CourseValueError(f"{len(images)} images but {len(labels)} labels")
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
     idx, weights = epoch_indices(len(images), batch_size, seed=seed, epoch=epoch,
                                  shuffle=shuffle, last_batch=last_batch)
     for i, w in zip(idx, weights):
@@ -116,14 +118,12 @@ def prefetch_to_device(iterator, depth=2, device=None):
 # --------------------------------------------------------------------------- device pipeline
 
 
-def device_epoch_indices(key: jax.Array, n: int, batch_size: int,
-                         last_batch: str = "drop") -> tuple[jax.Array, jax.Array]:
-    """The on-device twin of :func:`epoch_indices`: indices and weights from a JAX key."""
-    return _lay_out(jax.random.permutation(key, n), batch_size, last_batch, jnp)
+def device_epoch_indices(key, n, batch_size, last_batch="drop"):
+    """The on-device twin of ``epoch_indices``: the permutation drawn from a JAX key."""
+    return lay_out(jax.random.permutation(key, n), batch_size, last_batch, jnp)
 
 
-def make_device_epoch(train_step: Callable, n: int, batch_size: int,
-                      last_batch: str = "drop") -> Callable:
+def make_device_epoch(train_step, n, batch_size, last_batch="drop"):
     """One whole epoch as one function, for data already in device memory.
 
     Returns ``epoch(state, images, labels, key) -> (state, metrics)`` where ``metrics``
@@ -134,15 +134,14 @@ def make_device_epoch(train_step: Callable, n: int, batch_size: int,
     into the program as a constant.
     """
 
-    def epoch(state: TrainState, images: jax.Array, labels: jax.Array,
-              key: jax.Array) -> tuple[TrainState, dict]:
-        idx, weights = device_epoch_indices(key, n, batch_size, last_batch)
+    def epoch(state, images, labels, key):
+        idx, weights = device_epoch_indices(key, n, batch_size, last_batch)  # (steps, B) each
 
-        def body(carry: TrainState, xs: tuple[jax.Array, jax.Array]):
+        def body(state, xs):  # one step: scan feeds it row k of idx and weights
             i, w = xs
-            return train_step(carry, Batch(images[i], labels[i], w))
+            return train_step(state, Batch(images[i], labels[i], w))  # the gather is on device
 
-        return jax.lax.scan(body, state, (idx, weights))
+        return jax.lax.scan(body, state, (idx, weights))  # metrics stacked: (steps,) each
 
     return epoch
 

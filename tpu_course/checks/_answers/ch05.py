@@ -13,8 +13,10 @@ import numpy as np
 from tpu_course.train_step import Batch
 
 
-def train_step(model: Any, optimizer: Any, batch: Any) -> dict:
-    """Exercise 3: one weighted step in the NNX style (not jitted here: the caller jits)."""
+def train_step(model: Any, optimizer: Any, batch: Any, max_norm: Any) -> dict:
+    """Exercise 3: one weighted step in the NNX style whose gradient is clipped to a global
+    norm of at most ``max_norm`` before the update (not jitted here: the caller jits)."""
+    import jax
     import jax.numpy as jnp
     import optax
     from flax import nnx
@@ -29,9 +31,12 @@ def train_step(model: Any, optimizer: Any, batch: Any) -> dict:
         return jnp.sum(w * ce) / jnp.maximum(jnp.sum(w), 1.0), logits
 
     (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
-    optimizer.update(model, grads)
+    norm = optax.tree.norm(grads)
+    scale = jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-30))
+    optimizer.update(model, jax.tree.map(lambda g: g * scale, grads))
     hits = (jnp.argmax(logits, -1) == batch.labels).astype(jnp.float32)
-    return {"loss": loss, "accuracy": jnp.sum(w * hits) / jnp.maximum(jnp.sum(w), 1.0)}
+    return {"loss": loss, "accuracy": jnp.sum(w * hits) / jnp.maximum(jnp.sum(w), 1.0),
+            "grad_norm": norm}
 
 
 def flip_plan(n: int, batch_size: int, seed: int = 0, epoch: int = 0
