@@ -167,16 +167,16 @@ print(hardware.table())
 # Spot VMs cost less because they can be reclaimed: save checkpoints (chapter 5).
 #
 # ### What it costs
-# A small price table lives in `tpu_course.comms`, with its date and source. Cloud prices
+# A small price table lives in `tpu_course.costs`, with its date and source. Cloud prices
 # change and vary by region: treat the figures as an estimate and check the pricing page
 # before you spend money.
 
 # %% slideshow={"slide_type": "subslide"}
-from tpu_course import comms
+from tpu_course import costs
 
-print(f"Prices as of {comms.PRICES_AS_OF}, source: {comms.PRICES_SOURCE}")
-workshop = comms.training_cost("v5e", 20, hours=3, pricing="spot")  # 20 learners x 1 chip x 3 h
-one_day = comms.training_cost("v6e", 8, hours=24, pricing="on_demand")  # a v6e-8 for a day
+print(f"Prices as of {costs.PRICES_AS_OF}, source: {costs.PRICES_SOURCE}")
+workshop = costs.training_cost("v5e", 20, hours=3, pricing="spot")  # 20 learners x 1 chip x 3 h
+one_day = costs.training_cost("v6e", 8, hours=24, pricing="on_demand")  # a v6e-8 for a day
 print("a workshop:", workshop)
 print("a day of v6e-8:", one_day)
 

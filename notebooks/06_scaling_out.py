@@ -92,7 +92,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from tpu_course import comms, hardware, hlo, multihost, parallel
+from tpu_course import comms, costs, hardware, hlo, multihost, parallel, plans
 
 STRATEGIES = parallel.STRATEGIES
 real_chips = rt.device_count if rt.platform != "cpu" else 0
@@ -211,7 +211,7 @@ def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | N
 # %% [markdown] slideshow={"slide_type": "skip"}
 # `hlo.inspect` compiles a step at abstract arguments (`jax.ShapeDtypeStruct`s that carry
 # their shardings: nothing runs) and lists every collective in the optimised HLO, with
-# its operand bytes on one device; `comms.collective_bytes` is the cost model's
+# its operand bytes on one device; `plans.collective_bytes` is the cost model's
 # prediction for the same step. **Data parallelism** first: weights replicated, batch
 # split, so each device's gradient covers its slice of the batch and the gradients must
 # be summed over devices: an **all-reduce**.
@@ -226,7 +226,7 @@ def compare(step_fn, strategy, mesh, target=None, **kw):
     """Compile one strategy's step; return the report, its collectives and the cost model's."""
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     report = hlo.inspect(step_fn(strategy, mesh, **kw), *args, target=target)
-    plan = comms.collective_bytes(strategy, SHAPES, devices=mesh.devices.size, batch=B, d_out=D)
+    plan = plans.collective_bytes(strategy, SHAPES, devices=mesh.devices.size, batch=B, d_out=D)
     return report, report.by_kind(), plan
 
 
@@ -249,7 +249,7 @@ print("[sim] compiled", dp_compiled, "== predicted:", dp_compiled == dp_plan.by_
 # ($D = 8192$, $F = 32768$, bf16), over 16 chips of one axis:
 
 # %% slideshow={"slide_type": "skip"}
-big = comms.collective_bytes("dp", {"w1": (8192, 32768), "w2": (32768, 8192)}, devices=16,
+big = plans.collective_bytes("dp", {"w1": (8192, 32768), "w2": (32768, 8192)}, devices=16,
                              bytes_per_elem=2, loss_bytes=0)
 for name in ("v5e", "v6e", "v5p"):
     chip = hardware.get(name)
@@ -283,7 +283,7 @@ print(fsdp_plan)
 print("[sim] compiled:", fsdp_compiled)
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# **The prediction, by hand.** `comms.collective_bytes` is arithmetic on the parameter
+# **The prediction, by hand.** `plans.collective_bytes` is arithmetic on the parameter
 # shapes: the operand bytes one device puts into each collective, in fp32 (4 bytes per
 # element). For a weight of $V$ bytes on $|X|$ devices:
 #
@@ -952,7 +952,7 @@ for s, losses in curves.items():
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "one-day"}
 # ## 8. A cost audit
 #
-# Chips x hours x price. Prices come from `comms.PRICES_USD_PER_CHIP_HOUR`, dated and
+# Chips x hours x price. Prices come from `costs.PRICES_USD_PER_CHIP_HOUR`, dated and
 # **marked unverified** (the pricing page could not be checked from this build; see its
 # docstring); MFU is model FLOPs per second over the chips' peak. The sim tier's CPU has
 # no TPU peak, so its MFU is not defined: it is computed only on a TPU runtime.
@@ -971,15 +971,15 @@ flops = 6 * B * 2 * D * F  # forward 2BDF per matrix, backward twice that
 where = "TPU" if rt.platform == "tpu" else rt.platform.upper()
 print(f"[{where}] MLP-block step: {step_s * 1e6:.0f} us ({flops / step_s / 1e9:.1f} GFLOP/s measured on {where})")
 if rt.chip is not None and rt.platform == "tpu":
-    print(f"MFU on {rt.chip.display_name}: {comms.mfu(flops, step_s, 1, rt.chip):.1%}")
+    print(f"MFU on {rt.chip.display_name}: {costs.mfu(flops, step_s, 1, rt.chip):.1%}")
 else:
     print("MFU: not defined on this runtime (no TPU peak to divide by)")
 
 # %% slideshow={"slide_type": "skip"}
-print("This notebook's runs on a v5e-8 for 2 minutes:", comms.training_cost("v5e", 8, hours=2 / 60))
+print("This notebook's runs on a v5e-8 for 2 minutes:", costs.training_cost("v5e", 8, hours=2 / 60))
 print("A larger job (1B params, 20B tokens, 40% MFU):")
 for name in ("v5e", "v6e", "v5p"):
-    print("   ", comms.training_cost(name, 256, params=1e9, tokens=20e9, mfu_=0.4))
+    print("   ", costs.training_cost(name, 256, params=1e9, tokens=20e9, mfu=0.4))
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways

@@ -18,8 +18,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from tpu_course import parity  # noqa: E402
-from tpu_course.checks import ch03  # noqa: E402
+from tpu_course import parity
+from tpu_course.checks import ch03
 
 
 def main(argv: list[str] | None = None) -> int:

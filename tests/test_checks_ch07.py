@@ -381,7 +381,7 @@ def test_footprint_honest_course_and_garbage():
     assert "string" in ch07.check_footprint(lambda *a: "4194304").message
     ex = ch07.LAB.exercises[1]
     assert ex.grade_hidden({"vmem_footprint": honest_footprint}, SEED)
-    two_bytes = lambda bm, bk, bn, s: honest_footprint(bm, bk, bn, 2 if s == 2 else 4)  # noqa: E731
+    two_bytes = lambda bm, bk, bn, s: honest_footprint(bm, bk, bn, 2 if s == 2 else 4)
     assert ch07.check_footprint(two_bytes)  # right on the notebook's sizes (2 and 4) only
     r = ex.grade_hidden({"vmem_footprint": two_bytes}, SEED)
     assert not r and "1-byte elements" in r.message and not r.answer

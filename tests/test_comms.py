@@ -7,7 +7,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tpu_course import comms, hardware
+from tpu_course import comms, costs, hardware, plans
 
 pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
 
@@ -161,8 +161,8 @@ def test_gpu_switch_uses_nccl_ring():
 
 def test_collective_bytes_fsdp_vs_dp_total_traffic():
     shapes = [(256, 1024), (1024, 256)]
-    dp = comms.collective_bytes("dp", shapes, devices=8, loss_bytes=0)
-    fsdp = comms.collective_bytes("fsdp", shapes, devices=8, loss_bytes=0)
+    dp = plans.collective_bytes("dp", shapes, devices=8, loss_bytes=0)
+    fsdp = plans.collective_bytes("fsdp", shapes, devices=8, loss_bytes=0)
     # an all-reduce is a reduce-scatter plus an all-gather: same V, same time
     assert dp.time_s("v5e", 8) == pytest.approx(fsdp.time_s("v5e", 8))
     assert fsdp.by_kind()["all-gather"][1] * 8 == dp.total_bytes == fsdp.by_kind()["reduce-scatter"][1]
@@ -170,32 +170,32 @@ def test_collective_bytes_fsdp_vs_dp_total_traffic():
 
 def test_collective_bytes_errors():
     with pytest.raises(ValueError, match="strategy"):
-        comms.collective_bytes("zero", [(8, 8)], devices=8)
+        plans.collective_bytes("zero", [(8, 8)], devices=8)
     with pytest.raises(ValueError, match="divide"):
-        comms.collective_bytes("fsdp", [(6, 8)], devices=8)
+        plans.collective_bytes("fsdp", [(6, 8)], devices=8)
     with pytest.raises(ValueError, match="batch"):
-        comms.collective_bytes("tp", [(8, 8)], devices=8)
+        plans.collective_bytes("tp", [(8, 8)], devices=8)
 
 
 def test_layer_bytes_scaling_book():
     d, f, b = 8192, 32768, 1024
-    assert comms.layer_bytes("dp", d, f) == 8 * d * f
-    assert comms.layer_bytes("fsdp", d, f) == 12 * d * f
-    assert comms.layer_bytes("tp", d, f, batch=b) == 8 * b * d
+    assert plans.layer_bytes("dp", d, f) == 8 * d * f
+    assert plans.layer_bytes("fsdp", d, f) == 12 * d * f
+    assert plans.layer_bytes("tp", d, f, batch=b) == 8 * b * d
 
 
 def test_training_cost_arithmetic():
-    est = comms.training_cost("v5e", 8, hours=2.0)
-    assert est.usd == pytest.approx(8 * 2 * comms.PRICES_USD_PER_CHIP_HOUR["v5e"]["on_demand"])
+    est = costs.training_cost("v5e", 8, hours=2.0)
+    assert est.usd == pytest.approx(8 * 2 * costs.PRICES_USD_PER_CHIP_HOUR["v5e"]["on_demand"])
     assert "unverified" in str(est)
-    assert comms.mfu(6e12, 1.0, 1, "v5e") == pytest.approx(6e12 / 197e12)
+    assert costs.mfu(6e12, 1.0, 1, "v5e") == pytest.approx(6e12 / 197e12)
     with pytest.raises(ValueError, match="no published bf16"):
-        comms.mfu(6e12, 1.0, 1, "t4")
+        costs.mfu(6e12, 1.0, 1, "t4")
 
 
 def test_spot_prices_are_an_assumption_printed_beside_the_number():
-    for row in comms.PRICES_USD_PER_CHIP_HOUR.values():
-        assert row["spot"] == pytest.approx(row["on_demand"] * comms.SPOT_FRACTION_ASSUMED, abs=0.005)
-    spot = str(comms.training_cost("v6e", 1, hours=1, pricing="spot"))
+    for row in costs.PRICES_USD_PER_CHIP_HOUR.values():
+        assert row["spot"] == pytest.approx(row["on_demand"] * costs.SPOT_FRACTION_ASSUMED, abs=0.005)
+    spot = str(costs.training_cost("v6e", 1, hours=1, pricing="spot"))
     assert "assumed 0.4 x on-demand" in spot
-    assert "assumed" not in str(comms.training_cost("v6e", 1, hours=1))
+    assert "assumed" not in str(costs.training_cost("v6e", 1, hours=1))

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpu_course import comms, data, errors, hardware, roofline, systolic
+from tpu_course import comms, costs, data, errors, hardware, plans, roofline, systolic
 
 GARBAGE = st.one_of(
     st.integers(-3, 3),
@@ -63,16 +63,16 @@ CASES = {
                                        dict(chip="v5e", slices=2, grad_bits=32)),
     "comms.pipeline_bubble": (comms.pipeline_bubble, dict(stages=4, microbatches=8)),
     "comms.recommend": (comms.recommend, dict(chip="v5e", params=7e9, tokens_per_slice=1e6, slices=2)),
-    "comms.collective_bytes": (comms.collective_bytes, dict(strategy="fsdp", params=SHAPES, devices=8,
+    "plans.collective_bytes": (plans.collective_bytes, dict(strategy="fsdp", params=SHAPES, devices=8,
                                                             bytes_per_elem=4, loss_bytes=4)),
-    "comms.collective_bytes(tp)": (comms.collective_bytes, dict(strategy="tp", params=SHAPES, devices=8,
+    "plans.collective_bytes(tp)": (plans.collective_bytes, dict(strategy="tp", params=SHAPES, devices=8,
                                                                 batch=64, d_out=256)),
-    "comms.layer_bytes": (comms.layer_bytes, dict(strategy="tp", d_model=512, d_ff=2048, batch=8,
+    "plans.layer_bytes": (plans.layer_bytes, dict(strategy="tp", d_model=512, d_ff=2048, batch=8,
                                                   bytes_per_elem=2)),
-    "comms.mfu": (comms.mfu, dict(model_flops_per_step=1e12, step_time_s=0.5, chips=4, chip="v5e")),
-    "comms.training_cost": (comms.training_cost, dict(chip="v5e", chips=8, tokens=1e9, params=1e8,
-                                                      mfu_=0.4, pricing="spot")),
-    "comms.training_cost(hours)": (comms.training_cost, dict(chip="v6e", chips=8, hours=2.0)),
+    "costs.mfu": (costs.mfu, dict(model_flops_per_step=1e12, step_time_s=0.5, chips=4, chip="v5e")),
+    "costs.training_cost": (costs.training_cost, dict(chip="v5e", chips=8, tokens=1e9, params=1e8,
+                                                      mfu=0.4, pricing="spot")),
+    "costs.training_cost(hours)": (costs.training_cost, dict(chip="v6e", chips=8, hours=2.0)),
     "roofline.arithmetic_intensity": (roofline.arithmetic_intensity, dict(flops=1e9, bytes_moved=1e6)),
     "roofline.matmul_flops": (roofline.matmul_flops, dict(m=8, k=8, n=8)),
     "roofline.matmul_bytes": (roofline.matmul_bytes, dict(m=8, k=8, n=8, bytes_per_element=2)),
@@ -206,16 +206,16 @@ COST_CASES = [
     (lambda: comms.all_reduce_time(-1e6, 8, "v5e"), ValueError, r"v_bytes=-1000000.0: expected a finite number >= 0"),
     (lambda: comms.all_gather_time(math.nan, 8, "v5e"), ValueError, r"v_bytes=nan: expected a finite number >= 0"),
     (lambda: comms.all_to_all_time(-1, 8, "v5p"), ValueError, r"v_bytes=-1"),
-    (lambda: comms.mfu(1e12, 1.0, 0, "v5e"), ValueError, r"chips=0: expected an integer >= 1"),
-    (lambda: comms.training_cost("v5e", 0, hours=1.0), ValueError, r"chips=0: expected an integer >= 1"),
-    (lambda: comms.training_cost("v5e", -8, hours=1.0), ValueError, r"chips=-8"),
-    (lambda: comms.training_cost("v5e", 8, hours=-1.0), ValueError, r"hours=-1.0: expected a finite number >= 0"),
-    (lambda: comms.training_cost("v5e", 8, hours=1.0, pricing="spot-ish"), ValueError,
+    (lambda: costs.mfu(1e12, 1.0, 0, "v5e"), ValueError, r"chips=0: expected an integer >= 1"),
+    (lambda: costs.training_cost("v5e", 0, hours=1.0), ValueError, r"chips=0: expected an integer >= 1"),
+    (lambda: costs.training_cost("v5e", -8, hours=1.0), ValueError, r"chips=-8"),
+    (lambda: costs.training_cost("v5e", 8, hours=-1.0), ValueError, r"hours=-1.0: expected a finite number >= 0"),
+    (lambda: costs.training_cost("v5e", 8, hours=1.0, pricing="spot-ish"), ValueError,
      r"pricing='spot-ish': expected one of 'on_demand', 'spot'"),
-    (lambda: comms.training_cost("a100", 8, hours=1.0), ValueError, r"chip='a100': no price in the table; it has 'v5e'"),
-    (lambda: comms.collective_bytes("fsdp", SHAPES, devices=0), ValueError, r"devices=0: expected an integer >= 1"),
-    (lambda: comms.collective_bytes("dp", SHAPES, devices=0), ValueError, r"devices=0: expected an integer >= 1"),
-    (lambda: comms.collective_bytes("pp", SHAPES, devices=8), ValueError, r"strategy='pp': expected one of 'dp', 'fsdp', 'tp'"),
+    (lambda: costs.training_cost("a100", 8, hours=1.0), ValueError, r"chip='a100': no price in the table; it has 'v5e'"),
+    (lambda: plans.collective_bytes("fsdp", SHAPES, devices=0), ValueError, r"devices=0: expected an integer >= 1"),
+    (lambda: plans.collective_bytes("dp", SHAPES, devices=0), ValueError, r"devices=0: expected an integer >= 1"),
+    (lambda: plans.collective_bytes("pp", SHAPES, devices=8), ValueError, r"strategy='pp': expected one of 'dp', 'fsdp', 'tp'"),
 ]
 
 

@@ -8,15 +8,15 @@ import time
 import numpy as np
 import pytest
 
-from tpu_course import parallel
+from tpu_course import multihost, parallel
 
 
 def test_two_processes_match_single_device():
-    results = parallel.launch_local(num_processes=2, local_devices=2, steps=4, timeout_s=120)
+    results = multihost.launch_local(num_processes=2, local_devices=2, steps=4, timeout_s=120)
     assert [r["process_index"] for r in results] == [0, 1]
     assert all(r["global_devices"] == 4 and r["local_devices"] == 2 for r in results)
     import jax
-    single = parallel.train_data_parallel(parallel.make_mesh((1,), ("data",), jax.devices()[:1]), steps=4)
+    single = multihost.train_data_parallel(parallel.make_mesh((1,), ("data",), jax.devices()[:1]), steps=4)
     for r in results:
         np.testing.assert_allclose(r["losses"], single["losses"], rtol=1e-5)
         assert abs(r["w1_sum"] - float(np.sum(single["params"]["w1"], dtype=np.float64))) < 1e-3
@@ -24,7 +24,7 @@ def test_two_processes_match_single_device():
 
 def test_a_run_that_overruns_is_killed_not_hung():
     with pytest.raises(RuntimeError, match="killed"):
-        parallel.launch_local(num_processes=2, local_devices=1, steps=2, timeout_s=0.5)
+        multihost.launch_local(num_processes=2, local_devices=1, steps=2, timeout_s=0.5)
 
 
 # ------------------------------------------------------------------ fault injection
@@ -86,8 +86,8 @@ def faulty(tmp_path, monkeypatch):
 def test_a_crashed_rank_is_reported_at_once_with_its_exit_code_and_stderr(faulty, rank, mode, says):
     faulty(rank, mode)
     start = time.monotonic()
-    with pytest.raises(parallel.LaunchError) as info:
-        parallel.launch_local(num_processes=2, local_devices=1, steps=50, timeout_s=120)
+    with pytest.raises(multihost.LaunchError) as info:
+        multihost.launch_local(num_processes=2, local_devices=1, steps=50, timeout_s=120)
     took = time.monotonic() - start
     err = info.value
     assert err.rank == rank and err.exit_code == 7
@@ -101,7 +101,7 @@ def test_a_crashed_rank_is_reported_at_once_with_its_exit_code_and_stderr(faulty
 def test_a_hung_rank_ends_at_the_timeout_with_nothing_left_running(faulty):
     faulty(1, "hang")
     start = time.monotonic()
-    with pytest.raises(parallel.LaunchError, match=r"exceeded 20 s: rank\(s\) \[.*1\] still running") as info:
-        parallel.launch_local(num_processes=2, local_devices=1, steps=2, timeout_s=20)
+    with pytest.raises(multihost.LaunchError, match=r"exceeded 20 s: rank\(s\) \[.*1\] still running") as info:
+        multihost.launch_local(num_processes=2, local_devices=1, steps=2, timeout_s=20)
     assert 20 <= time.monotonic() - start < 30
     assert len(info.value.pids) == 2 and not any(_alive(pid) for pid in info.value.pids)

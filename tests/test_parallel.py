@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpu_course import comms, hlo, parallel
+from tpu_course import hlo, parallel, plans
 
 
 def test_ring_schedule_sums_and_moves_2_n_minus_1_over_n():
@@ -52,12 +52,12 @@ out = {{}}
 
 HLO_VS_COMMS = """
 import json, jax
-from tpu_course import parallel, hlo, comms
+from tpu_course import parallel, hlo, comms, plans
 """ + MESH_8 + """for strategy in ("dp", "fsdp", "tp"):
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     rep = hlo.inspect(parallel.mlp_block_step(strategy, mesh), *args, target=TARGET)
     got = rep.by_kind()
-    want = comms.collective_bytes(strategy, {{"w1": (D, F), "w2": (F, D)}}, devices=8,
+    want = plans.collective_bytes(strategy, {{"w1": (D, F), "w2": (F, D)}}, devices=8,
                                   batch=B, d_out=D).by_kind()
     out[strategy] = [sorted(got.items()), sorted(want.items())]
 print(json.dumps(out))
@@ -82,7 +82,7 @@ def test_hlo_collectives_equal_cost_model_compile_only_v5e(subprocess_runner):
 
 ANNOTATED = """
 import json, jax, numpy as np
-from tpu_course import parallel, hlo, comms
+from tpu_course import parallel, hlo, comms, plans
 """ + MESH_8 + """for strategy in ("dp", "fsdp", "tp"):
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     rep = hlo.inspect(parallel.sharded_block_step(strategy, mesh), *args, target=TARGET)
@@ -107,7 +107,7 @@ def _got(pairs):
 
 
 def _plan(strategy):
-    return sorted(comms.collective_bytes(strategy, {"w1": (256, 1024), "w2": (1024, 256)},
+    return sorted(plans.collective_bytes(strategy, {"w1": (256, 1024), "w2": (1024, 256)},
                                          devices=8, batch=64, d_out=256).by_kind().items())
 
 
@@ -135,7 +135,7 @@ def test_annotated_block_fsdp_reduce_scatters_on_v5e(subprocess_runner):
 
 SHARDED_PARITY = """
 import json, jax, numpy as np
-from tpu_course import comms, hlo, parallel
+from tpu_course import comms, hlo, parallel, plans
 mesh = parallel.cpu_mesh((8,), ("data",))
 params = parallel.mlp_block_params(32, 128, seed=0)
 rng = np.random.default_rng(1)
@@ -193,7 +193,7 @@ def test_sharded_training_matches_single_device_ring_and_pipeline(subprocess_run
 
 CHAPTER5 = """
 import json, numpy as np
-from tpu_course import comms, hlo, parallel
+from tpu_course import comms, hlo, parallel, plans
 mesh = parallel.cpu_mesh((8,), ("data",))
 rng = np.random.default_rng(0)
 imgs = rng.integers(0, 255, (192, 28, 28), dtype=np.uint8)

@@ -55,19 +55,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from tpu_course import errors, hardware
-# The plans of a step (bytes per strategy) and what a job costs live in their own modules;
-# their names stay reachable here, where the chapters and tests have always found them.
-from tpu_course.costs import (  # noqa: F401
-    PRICES_AS_OF, PRICES_SOURCE, PRICES_USD_PER_CHIP_HOUR, SPOT_FRACTION_ASSUMED, CostEstimate,
-    mfu, pricing_note, training_cost,
-)
-from tpu_course.plans import (  # noqa: F401
-    STRATEGIES, CollectivePlan, PlannedCollective, collective_bytes, layer_bytes,
-)
-
 #: Per-hop ICI latency in seconds, "~1 us" (scaling book, sharding chapter).
 HOP_LATENCY_S = 1e-6
 
@@ -541,3 +531,19 @@ def recommend(chip: hardware.Chip | str, params: float, tokens_per_slice: float,
     return Recommendation(within, across, need, chip.hbm_bytes, tokens_per_slice, threshold,
                           tuple(reasons))
 
+
+#: Names that lived here before they got modules of their own: asking for one says where.
+MOVED = {**dict.fromkeys(("PRICES_AS_OF", "PRICES_SOURCE", "PRICES_USD_PER_CHIP_HOUR",
+                          "SPOT_FRACTION_ASSUMED", "CostEstimate", "mfu", "pricing_note",
+                          "training_cost"), "tpu_course.costs"),
+         **dict.fromkeys(("STRATEGIES", "CollectivePlan", "PlannedCollective",
+                          "collective_bytes", "layer_bytes"), "tpu_course.plans")}
+
+
+def __getattr__(name: str) -> NoReturn:
+    if name in MOVED:
+        home = MOVED[name]
+        raise AttributeError(f"tpu_course.comms.{name} moved to {home}: use "
+                             f"`from tpu_course import {home.rsplit('.', 1)[1]}` and "
+                             f"{home.rsplit('.', 1)[1]}.{name}")
+    raise AttributeError(f"module 'tpu_course.comms' has no attribute {name!r}")

@@ -85,14 +85,14 @@ def mfu(model_flops_per_step: float, step_time_s: float, chips: int,
 
 
 def training_cost(chip: str, chips: int, *, tokens: float | None = None, params: float | None = None,
-                  mfu_: float | None = None, hours: float | None = None,
+                  mfu: float | None = None, hours: float | None = None,
                   pricing: str = "on_demand") -> CostEstimate:
-    """Dollars for a job: either ``hours`` given, or from ``6 x params x tokens`` FLOPs at ``mfu_``.
+    """Dollars for a job: either ``hours`` given, or from ``6 x params x tokens`` FLOPs at ``mfu``.
 
     ``hours = 6 P T / (chips x C x MFU) / 3600`` (training FLOPs ~ 6 per parameter per
     token, PaLM appendix B via nanoGPT's ``estimate_mfu``).
 
-    >>> est = training_cost("v5e", 256, params=1e9, tokens=20e9, mfu_=0.4)
+    >>> est = training_cost("v5e", 256, params=1e9, tokens=20e9, mfu=0.4)
     >>> round(est.hours, 2), round(est.usd)
     (1.65, 508)
     >>> print(training_cost("v5e", 20, hours=3, pricing="spot"))
@@ -107,10 +107,10 @@ def training_cost(chip: str, chips: int, *, tokens: float | None = None, params:
     if hours is not None:
         hours = errors.check_number("hours", hours, low=0)
     else:
-        if tokens is None or params is None or mfu_ is None:
-            raise errors.CourseValueError("give hours=, or all of tokens=, params= and mfu_=")
+        if tokens is None or params is None or mfu is None:
+            raise errors.CourseValueError("give hours=, or all of tokens=, params= and mfu=")
         tokens = errors.check_number("tokens", tokens, low=0)
         params = errors.check_number("params", params, low=0, low_open=True)
-        mfu_ = errors.check_number("mfu_", mfu_, low=0, high=1, low_open=True)
-        hours = 6 * params * tokens / (chips * hardware.peak_flops_per_s(c) * mfu_) / 3600
-    return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu_)
+        mfu = errors.check_number("mfu", mfu, low=0, high=1, low_open=True)
+        hours = 6 * params * tokens / (chips * hardware.peak_flops_per_s(c) * mfu) / 3600
+    return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu)

@@ -264,7 +264,7 @@ def _missing_error(dataset: str, files: Mapping[str, FileSpec], dirs: list[pathl
                    subset: Mapping[str, FileSpec] | None = None) -> DataError:
     """Which sets of files are accepted, and where they were looked for."""
     where = ", ".join(str(d) for d in dirs) or "(none)"
-    names = lambda fs, keys: " + ".join(fs[k].name for k in keys)  # noqa: E731
+    names = lambda fs, keys: " + ".join(fs[k].name for k in keys)
     train, test = ("train_images", "train_labels"), ("test_images", "test_labels")
     wanted = f"the training set ({names(files, train)})"
     if subset:

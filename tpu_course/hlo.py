@@ -117,7 +117,7 @@ class HloReport:
     def by_kind(self) -> dict[str, tuple[int, int]]:
         """``{kind: (arrays, bytes per device)}`` summed over the collectives.
 
-        The same shape as ``tpu_course.comms.CollectivePlan.by_kind()``, so a prediction
+        The same shape as ``tpu_course.plans.CollectivePlan.by_kind()``, so a prediction
         and the compiled program compare with ``==``.
         """
         out: dict[str, tuple[int, int]] = {}

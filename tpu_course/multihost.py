@@ -6,8 +6,7 @@ collectives, under a hard timeout; :func:`worker` is what each process runs (cha
 shows it): ``jax.distributed.initialize``, a mesh over every process's devices, and
 :func:`train_data_parallel`, data-parallel training of ``tpu_course.parallel``'s MLP
 block, each process feeding only its slice of every global batch. :func:`check_rows`
-runs lab 6's ``process_rows`` the same way. ``python -m tpu_course.parallel`` still
-starts the same worker. Importing this module imports JAX but starts no backend.
+runs lab 6's ``process_rows`` the same way. Importing this module imports JAX but starts no backend.
 """
 
 from __future__ import annotations

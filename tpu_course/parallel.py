@@ -19,7 +19,7 @@ What is here:
   TP by annotations only (``jax.jit`` shardings; XLA inserts the collectives), and
   :func:`mlp_block_step`: the same three strategies written by hand with the public
   ``jax.shard_map``, so that every collective is one we asked for. Chapter 6 shows both
-  and checks their HLO against ``tpu_course.comms.collective_bytes``.
+  and checks their HLO against ``tpu_course.plans.collective_bytes``.
 * :func:`ring_all_reduce`: an all-reduce built from ``ppermute`` (reduce-scatter then
   all-gather around a ring), equal to ``psum``; :func:`ring_schedule` is its step-by-step
   picture in numpy.
@@ -33,8 +33,6 @@ Importing this module imports JAX but starts no backend.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any, Callable, Sequence
 
 import jax
@@ -43,7 +41,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_course import errors
-from tpu_course.comms import STRATEGIES  # noqa: F401  (one list, re-exported)
+from tpu_course.plans import STRATEGIES
 
 
 # ------------------------------------------------------------------------------ meshes
@@ -532,19 +530,12 @@ def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax
 
 # ----------------------------------------------------------------- several processes
 
-#: Names that moved to :mod:`tpu_course.multihost`, still served here (``parallel.launch_local``).
-_MULTIHOST = ("LaunchError", "free_port", "launch_local", "multihost_problem", "train_data_parallel")
+#: Names that moved to :mod:`tpu_course.multihost`: asking for one here says where they are.
+MOVED = ("LaunchError", "free_port", "launch_local", "multihost_problem", "train_data_parallel")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MULTIHOST:
-        from tpu_course import multihost
-
-        return getattr(multihost, name)
+    if name in MOVED:
+        raise AttributeError(f"tpu_course.parallel.{name} moved to tpu_course.multihost: use "
+                             f"`from tpu_course import multihost` and multihost.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":  # the worker's old command line, kept: python -m tpu_course.parallel
-    from tpu_course.multihost import main
-
-    sys.exit(main())

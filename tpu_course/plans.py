@@ -60,7 +60,7 @@ class CollectivePlan:
     def time_s(self, chip: hardware.Chip | str, axes: int | Sequence[int] | None = None,
                **kwargs) -> float:
         """Predicted seconds of communication per step on ``chip`` (no overlap assumed)."""
-        from tpu_course import comms  # the time formulas; comms re-exports this module
+        from tpu_course import comms  # the time formulas
 
         axes = self.devices if axes is None else axes
         fns = {"all-gather": comms.all_gather_time, "reduce-scatter": comms.reduce_scatter_time,

@@ -12,7 +12,7 @@ ch4   ``hlo.inspect`` on this backend and, when the TPU compiler is installed, o
       compile-only ``v5e:1x1`` target
 ch5   a few training steps and an evaluation on the course's data (``train.fit``)
 ch6   a mesh of 8 simulated devices, one sharded step checked against one device, and its
-      collectives; with ``--multihost`` also the two-process run (``parallel.launch_local``)
+      collectives; with ``--multihost`` also the two-process run (``multihost.launch_local``)
 ch7   a tiny Pallas kernel run in TPU interpret mode against ``jnp``, and compiled for a
       compile-only ``v5e:1x1`` target when the TPU compiler is installed
 ====  ====================================================================================
@@ -296,10 +296,10 @@ def _mesh_check() -> str:
     import jax
     import numpy as np
 
-    from tpu_course import hlo, parallel
+    from tpu_course import hlo, multihost, parallel
 
     mesh = parallel.cpu_mesh((MESH_DEVICES,), ("data",))
-    params, xs_all, ys_all = parallel.multihost_problem()
+    params, xs_all, ys_all = multihost.multihost_problem()
     x, y = xs_all[0], ys_all[0]  # one step's batch of 32
     step = parallel.mlp_block_step("fsdp", mesh)
     specs, batch_spec = parallel.mlp_block_specs("fsdp")
@@ -349,20 +349,20 @@ def _ch6_in_subprocess() -> str:
                           f"{MESH_DEVICES} CPU devices)"
 
 
-def _ch6(multihost: bool) -> str:
+def _ch6(two_processes: bool) -> str:
     from tpu_course import runtime
 
     if len(runtime.cpu_devices()) >= MESH_DEVICES:
         detail = _mesh_check()
     else:
         detail = _ch6_in_subprocess()
-    if multihost:
-        from tpu_course import parallel
+    if two_processes:
+        from tpu_course import multihost
 
         try:
-            results = parallel.launch_local(num_processes=2, local_devices=2, steps=3,
-                                            timeout_s=120)
-        except parallel.LaunchError as err:
+            results = multihost.launch_local(num_processes=2, local_devices=2, steps=3,
+                                             timeout_s=120)
+        except multihost.LaunchError as err:
             raise Failure(f"two-process jax.distributed run failed: {str(err).splitlines()[0]}",
                           "check that 127.0.0.1 ports can be opened and that jax supports "
                           "gloo CPU collectives (jax >= 0.7.2)") from None

@@ -287,7 +287,7 @@ def _needs_exercise2(title: str, shard_fsdp: Callable, **kwargs: Any) -> Any:
         return _fsdp_verdict(shard_fsdp, train_steps=False, **kwargs)
     except Verdict as stop:
         if stop.result.status != "failed":
-            raise Verdict(not_written(title, "exercise 2's shard_fsdp is not written yet"))
+            raise Verdict(not_written(title, "exercise 2's shard_fsdp is not written yet")) from None
         refuse(title, f"exercise 2 does not pass yet ({stop.result.message})",
                hint="this prediction is graded against your own compiled FSDP step, so it "
                     "waits for a right one: make exercise 2's check pass first")

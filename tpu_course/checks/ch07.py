@@ -354,7 +354,7 @@ def _dense_numbers(dense_relu: Callable[..., Any], m: int, k: int, n: int,
     case = f"[{m},{k}] @ [{k},{n}] + b with blocks (bm, bk, bn) = ({bm}, {bk}, {bn})"
     try:
         got = dense_relu(x, w, b, bm, bk, bn, interpret)
-    except Exception as err:  # noqa: BLE001 - the interpreter's bounds check
+    except Exception as err:
         if "out-of-bounds" not in str(err).lower():
             raise
         refuse(EX1, f"for {case} a block index falls outside its array", hint=_INDEX_MAPS)

@@ -1,0 +1,139 @@
+"""The package's and the tools' import graphs have no cycle.
+
+Every import counts, also one inside a function (a cycle that only bites at call time is
+still two modules that each need the other); imports under ``if TYPE_CHECKING:`` do not.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+pytestmark = pytest.mark.stack_independent
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: pathlib.Path, package: str, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports (anywhere but TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    here = module_name(path)
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = here.split(".")
+                parent = parent if is_package else parent[:-1]
+                parent = parent[:len(parent) - (node.level - 1)]
+                base = ".".join([*parent, base] if base else parent)
+            found.add(base)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    # "from tpu_course import hlo" names the module tpu_course.hlo; a name that is not a
+    # module counts as its module. A package's own submodules are not a cycle with it.
+    out = set()
+    for name in found:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != here and name.startswith(package):
+            out.add(name)
+    return out
+
+
+def graph(package: str) -> dict[str, set[str]]:
+    folder = ROOT / package
+    paths = [p for p in folder.rglob("*.py") if "__pycache__" not in p.parts]
+    modules = {module_name(p) for p in paths}
+    edges = {module_name(p): imports_of(p, package, modules) for p in paths}
+    # a package's __init__ importing its own submodules (its public face) is not a cycle
+    for name, deps in edges.items():
+        deps -= {d for d in deps if d.startswith(name + ".")}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return groups
+
+
+def test_the_cycle_finder_finds_a_cycle_and_ignores_a_chain():
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+@pytest.mark.parametrize("package", ["tpu_course", "tools"])
+def test_no_import_cycle(package):
+    found = cycles(graph(package))
+    assert not found, f"modules that import each other (break each): {found}"
+
+
+def test_a_moved_name_says_where_it_lives_now_instead_of_serving_it():
+    """No module re-exports another's names: learners' older notebooks get the new home."""
+    from tpu_course import comms, parallel
+
+    for module, name, home in ((comms, "training_cost", "tpu_course.costs"),
+                               (comms, "collective_bytes", "tpu_course.plans"),
+                               (parallel, "launch_local", "tpu_course.multihost")):
+        with pytest.raises(AttributeError, match=f"moved to {home}"):
+            getattr(module, name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        comms.nothing  # noqa: B018
