@@ -163,7 +163,7 @@ if ch02.LAB.predicted("Exercise 4"):
 # %% tags=["nbval-ignore-output"]
 ch02.check_copy_prediction(predicted_copy_s, bandwidth)
 
-# %% [markdown] workshop={"agenda": "two-days"}
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 5: how close to the peak? (5 min)
 # Write `fraction_of_peak(flops, seconds, chip)` for a chip name of the hardware table
 # (`'v5e'`, `'v6e'`, `'h100'`, ...): achieved FLOP/s divided by the chip's dense bf16 peak,

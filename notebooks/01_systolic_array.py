@@ -521,7 +521,7 @@ plt.show()
 # > **Takeaway.** bf16 has float32's range and about 3 significant digits. Use it for
 # > the inputs of a matmul, keep the sums in float32.
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "self-paced"}
 # ## 8. Where the real MXU differs from the toy
 #
 # * It takes bf16 (and on newer chips int8/fp8) inputs and accumulates in fp32; the

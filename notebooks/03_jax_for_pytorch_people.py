@@ -578,7 +578,7 @@ scanned = jax.make_jaxpr(lambda xs: jax.lax.scan(lambda c, x: (c + x, None), 0.0
     jnp.ones(50))
 print("equations: Python loop", len(unrolled.eqns), "| lax.scan", len(scanned.eqns))
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "self-paced"}
 # ## 9. Asynchronous dispatch: a call returns before the work is done
 #
 # Like CUDA in PyTorch, JAX queues work on the device and returns at once; the Python

@@ -591,7 +591,7 @@ else:
 # measured time on the chip. Rule of thumb: keep the matmul dimensions multiples of
 # 128 on v5e and earlier, of 256 on v6e.
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "self-paced"}
 # ## 8. Profiling a step
 #
 # Timing says *how long*; a profile says *where the time went*: which kernels ran, for
@@ -626,7 +626,7 @@ for path in sorted(logdir.rglob("*.*")):
 # from the HLO above appears as a kernel with its duration, and gaps between kernels
 # are time the chip sat idle waiting for the host.
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "self-paced"}
 # ## 9. TPU generations beside GPUs, with the same arithmetic
 #
 # The roofline needs only two numbers per chip. Here they are for the TPUs and the

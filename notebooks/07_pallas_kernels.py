@@ -569,7 +569,7 @@ else:
 # fusion on a v5e (chapter 4's HLO showed it), and a hand-written kernel would at best
 # tie it. Measure before and after on a real chip.
 
-# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
+# %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "self-paced"}
 # ## 8. Attention over blocks of keys: the online softmax
 #
 # Attention is `softmax(q @ k.T / sqrt(d)) @ v` for `q` of shape `[Lq, d]` and `k`, `v`

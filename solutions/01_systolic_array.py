@@ -151,7 +151,7 @@ with checks.skip_if_not_written():
     print(f"cycles: {R1} to load + {s + 1} streaming = {R1 + s + 1}; systolic.simulate:",
           systolic.simulate(a1, b1, R1, C1).cycles)
 
-# %% [markdown] workshop={"agenda": "two-days"}
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 2: tile a large matmul onto a fixed array (25 min)
 #
 # The array holds at most `rows x cols` weights: its rows hold rows of `b` (K), its

@@ -213,7 +213,7 @@ if ch06.LAB.predicted("Exercise 1"):
 if ch06.LAB.predicted("Exercise 1"):
     display(ch06.check_fsdp_prediction(predicted_fsdp, shard_fsdp))
 
-# %% [markdown] workshop={"agenda": "two-days"}
+# %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 3: the same step for a v5e-8 (compile-only)
 #
 # The TPU compiler runs here without a TPU (where `libtpu` matches your jax). Compile

@@ -133,7 +133,7 @@ def twin_in_sync(ipynb: pathlib.Path) -> str | None:
 #: Cell metadata the ``.py`` twin owns (set in its cell headers): ``sync`` copies it into
 #: the ``.ipynb`` without re-executing, ``check`` reports drift. ``slideshow`` is where the
 #: slide decks begin slides (tools/slides.py); ``tags`` drive nbval and the labs.
-TWIN_METADATA = ("slideshow", "tags")
+TWIN_METADATA = ("slideshow", "tags", "workshop")
 
 
 def _owned(cell: Any) -> dict:
@@ -141,7 +141,8 @@ def _owned(cell: Any) -> dict:
 
 
 def metadata_drift(ipynb: pathlib.Path) -> list[str]:
-    """Cells whose slide metadata or tags differ between ``ipynb`` and its ``.py`` twin."""
+    """Cells whose slide metadata, tags or workshop data differ between ``ipynb`` and its
+    ``.py`` twin."""
     import nbformat
 
     py = ipynb.with_suffix(".py")
@@ -156,7 +157,8 @@ def metadata_drift(ipynb: pathlib.Path) -> list[str]:
 
 
 def sync_cell_metadata() -> list[str]:
-    """Copy each twin's slide metadata and tags into its ``.ipynb`` (outputs untouched).
+    """Copy each twin's slide metadata, tags and workshop data into its ``.ipynb`` (outputs
+    untouched).
 
     Only where the cell sources match; returns the notebooks skipped because they do not
     (those need a rebuild).
