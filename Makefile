@@ -76,6 +76,7 @@ test-colab: export JAX_COMPILATION_CACHE_DIR := $(CURDIR)/build/jax-cache/colab
 test-unit test-notebooks test-labs test-colab: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS := 0.2
 
 test-unit: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -ra $(XDIST) tests tpu_course tools
 	$(PY) -m tools.notebooks check
 

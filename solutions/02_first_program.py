@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Lab 2 (solution): measure a runtime yourself
+# # Lab 2 (solution): Measure a runtime yourself
 #
 # Six exercises, **about 60 minutes** in all (the plan below gives each one's time): count
 # a matmul's work, time a call the right way, measure the host-to-device link, predict a

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Lab 5 (solution): a model, a step and a fast pipeline for Fashion-MNIST
+# # Lab 5 (solution): A model, a step and a fast pipeline for Fashion-MNIST
 #
 # Chapter 5 trained a CNN on MNIST digits. Here you do it yourself for
 # **Fashion-MNIST**: the same 28 x 28 grey images and 10 classes, but of clothes (shirts,

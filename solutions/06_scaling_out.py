@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Lab 6 (solution): shard the chapter-5 model and explain every collective
+# # Lab 6 (solution): Shard the chapter-5 model and explain every collective
 #
 # About 110 minutes, seven exercises, on 8 simulated CPU devices (the same code runs on a
 # TPU slice):

@@ -254,3 +254,14 @@ def test_names_used_finds_compiler_calls_in_the_learners_code_only():
     assert _core.names_used(via_helper, {"cost_analysis", "compile"}) == "compile"
     assert _core.names_used(reasoned, {"cost_analysis"}) is None
     assert _core.names_used(lambda x: jax.numpy.sum(x), {"compile"}) is None  # jax's inside
+
+
+def test_each_lab_has_one_title_in_its_registry_and_its_notebooks():
+    root = CHECKS.parent.parent
+    for number in range(1, len(checks.LABS) + 1):
+        title = checks.lab(number).title
+        for folder, heading in (("solutions", f"# # Lab {number} (solution): {title}"),
+                                ("labs", f"# # Lab {number}: {title}")):
+            (twin,) = (root / folder).glob(f"{number:02d}_*.py")
+            first = next(ln for ln in twin.read_text().splitlines() if ln.startswith("# # Lab"))
+            assert first == heading, f"{twin.name}: {first!r} but the registry says {title!r}"

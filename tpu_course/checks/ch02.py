@@ -42,7 +42,7 @@ from tpu_course.checks._core import (
     skipped,
 )
 
-LAB = Lab(2, "Getting a TPU and a first JAX program")
+LAB = Lab(2, "Measure a runtime yourself")
 
 EX1 = "Exercise 1 (matmul FLOPs)"
 EX2 = "Exercise 2 (timing a call)"

@@ -35,7 +35,7 @@ from tpu_course.checks._core import (
     refuse_course_code,
 )
 
-LAB = Lab(4, "Inside the TPU: what jit produces")
+LAB = Lab(4, "Ask the compiler, predict, compile, measure")
 
 EX1 = "Exercise 1 (XLA's FLOPs and bytes for any function)"
 EX2 = "Exercise 2 (the batch where a layer turns compute-bound)"

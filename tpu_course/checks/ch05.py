@@ -57,7 +57,7 @@ from tpu_course.checks._core import (
 )
 from tpu_course.train_step import Batch
 
-LAB = Lab(5, "A model, a step and a pipeline for Fashion-MNIST")
+LAB = Lab(5, "A model, a step and a fast pipeline for Fashion-MNIST")
 
 EX1 = "Exercise 1 (a model under 100,000 parameters)"
 EX2 = "Exercise 2 (predict its size and its cost)"
