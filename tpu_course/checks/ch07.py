@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from tpu_course import kernels
 from tpu_course.checks._answers import ch07 as _answers
@@ -120,7 +120,7 @@ def _narrow_float(dtype: Any) -> bool:
 def _semantics(params: Any) -> tuple[str, ...] | None:
     """The ``dimension_semantics`` a pallas_call was given, lowercased, or None."""
     found = getattr(params, "dimension_semantics", None)
-    if found is None and isinstance(params, dict):
+    if found is None and isinstance(params, Mapping):  # jax 0.7.2: {"mosaic_tpu": params}
         found = params.get("dimension_semantics")
         for value in params.values():
             found = found or getattr(value, "dimension_semantics", None)
