@@ -181,13 +181,13 @@ ch02.check_fraction_of_peak(fraction_of_peak)
 # A small matmul cannot keep the matrix units busy: the chapter showed one size. Sweep
 # square bf16 matmuls `n = 256, 512, ..., 8192` with your `time_call` and `matmul_flops`,
 # and set `half_peak_n` to the first `n` whose FLOP/s reach half the chip's bf16 peak
-# (`ch02.bf16_peak(runtime.describe().chip)`), or `None` if none does. On a CPU there is
-# no peak in the table: the cell sweeps small float32 sizes and compares with the best
-# rate it saw instead, and the check is skipped (it needs an accelerator).
+# (`hardware.bf16_matrix_peak(runtime.describe().chip)`), or `None` if none does. On a
+# CPU there is no peak in the table: the cell sweeps small float32 sizes and compares
+# with the best rate it saw instead, and the check is skipped (it needs an accelerator).
 
 # %% tags=["nbval-ignore-output"]
 rt = runtime.describe()
-peak = ch02.bf16_peak(rt.chip)
+peak = hardware.bf16_matrix_peak(rt.chip)
 on_chip = rt.platform != "cpu" and peak is not None
 sizes = [256, 512, 1024, 2048, 4096, 8192] if on_chip else [128, 256, 512]
 dtype = jnp.bfloat16 if on_chip else jnp.float32

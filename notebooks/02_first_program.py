@@ -253,16 +253,10 @@ print(f"a timer without block_until_ready would report {dispatched / finished:.1
 # %% slideshow={"slide_type": "skip"}
 from tpu_course import bench
 
-
-def bf16_matrix_peak(chip):
-    """The chip's dense bf16 peak in FLOP/s, or None: no chip in the table, or a chip with
-    no bf16 matrix units (a T4: its table entry has no bf16 peak)."""
-    return None if chip is None else getattr(chip, "peak_bf16_flops_per_s", None)
-
-
-# bf16 matrix units arrived with NVIDIA's compute capability 8.0 (A100); a T4 is 7.5
+# bf16 matrix units arrived with NVIDIA's compute capability 8.0 (A100); a T4 is 7.5, and
+# its row in the hardware table has no bf16 peak (hardware.bf16_matrix_peak gives None)
 compute_capability = float(getattr(device, "compute_capability", 0) or 0)
-bf16_emulated = rt.platform == "gpu" and (bf16_matrix_peak(rt.chip) is None
+bf16_emulated = rt.platform == "gpu" and (hardware.bf16_matrix_peak(rt.chip) is None
                                           or 0 < compute_capability < 8.0)
 if rt.platform == "cpu":
     size, dtype = 1024, jnp.float32  # keep a CPU run short

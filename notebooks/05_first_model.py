@@ -279,7 +279,7 @@ print(f"loss on one fixed batch: {losses[0]:.2f} -> {losses[-1]:.2f} after 20 st
 # definitions (`tpu_course.train`), shown here and kept equal to it by a test.
 
 # %% slideshow={"slide_type": "skip"}
-# Same code as tpu_course.train_step.Batch, tpu_course.train_step.TrainState
+# Same code as tpu_course.train.step.Batch, tpu_course.train.step.TrainState
 class Batch(NamedTuple):
     """One batch: uint8 images ``(B, 28, 28)``, int32 labels ``(B,)``, float32 weights ``(B,)``.
 
@@ -300,7 +300,7 @@ class TrainState(NamedTuple):
     opt_state: Any  # the optax state for ``params``
 
 # %% slideshow={"slide_type": "skip"}
-# Same code as tpu_course.train_step.loss_fn, tpu_course.train_step.make_train_step
+# Same code as tpu_course.train.step.loss_fn, tpu_course.train.step.make_train_step
 def loss_fn(params, graphdef, batch, compute_dtype=None):
     """Weighted mean cross-entropy of a batch, and the float32 logits: ``(loss, logits)``.
 
@@ -382,7 +382,7 @@ print(f"loss {float(metrics['loss']):.4f} (pure) vs {float(loss):.4f} (NNX); "
 # (the last batch is padded with zero-weight examples: no test image is dropped).
 
 # %% slideshow={"slide_type": "skip"}
-# Same code as tpu_course.train_step.make_eval_step
+# Same code as tpu_course.train.step.make_eval_step
 def make_eval_step(model_or_graphdef, *, compute_dtype=None):
     """The pure eval step ``(params, batch) -> {'correct', 'loss_sum', 'count'}`` (sums).
 
@@ -426,11 +426,11 @@ print("after one step:", evaluate(eval_step, state.params, ds.test_images, ds.te
 # next epoch picks other leftovers) or padded with zero-weight examples (`'pad'`, every
 # example exactly once per epoch). `lay_out` is that rule, written once for numpy and
 # `jax.numpy` (`xp`): section 6 reuses it on the device. These are the package's
-# `tpu_course.pipelines` functions (`train.batches`, used by sections 3 and 4 above, is
+# `tpu_course.train.pipelines` functions (`train.batches`, used by sections 3 and 4 above, is
 # the same function).
 
 # %% slideshow={"slide_type": "skip"}
-# Same code as tpu_course.pipelines.lay_out, tpu_course.pipelines.epoch_indices, tpu_course.pipelines.batches
+# Same code as tpu_course.train.pipelines.lay_out, tpu_course.train.pipelines.epoch_indices, tpu_course.train.pipelines.batches
 def lay_out(order, batch_size, last_batch, xp):
     """Cut a permutation ``order`` of n examples into ``(steps, batch_size)`` indices and
     weights: one rule for the host (``xp=numpy``) and the device (``xp=jax.numpy``).
@@ -501,7 +501,7 @@ for mode in ("drop", "pad"):
 # travelling while step i runs: the chip does not wait for the host.
 
 # %% slideshow={"slide_type": "skip"}
-# Same code as tpu_course.pipelines.prefetch_to_device
+# Same code as tpu_course.train.pipelines.prefetch_to_device
 def prefetch_to_device(iterator, depth=2, device=None):
     """Yield the items of ``iterator`` as device arrays, ``depth`` transfers ahead.
 
@@ -607,11 +607,11 @@ print("test accuracy >= 97.6 % at the end:", record[-1][2] >= 0.976)
 # from one call to the next, and stacks what each call returns (here the metrics). The
 # body gathers its batch from the device-resident arrays (`images[i]`), so nothing
 # crosses to the host until the epoch ends. Jitted, that is one launch per epoch. This
-# is the package's `tpu_course.pipelines.make_device_epoch`, which `train.fit` and the
+# is the package's `tpu_course.train.pipelines.make_device_epoch`, which `train.fit` and the
 # benchmarks use on a TPU or GPU.
 
 # %% slideshow={"slide_type": "subslide"}
-# Same code as tpu_course.pipelines.device_epoch_indices, tpu_course.pipelines.make_device_epoch
+# Same code as tpu_course.train.pipelines.device_epoch_indices, tpu_course.train.pipelines.make_device_epoch
 def device_epoch_indices(key, n, batch_size, last_batch="drop"):
     """The on-device twin of ``epoch_indices``: the permutation drawn from a JAX key."""
     return lay_out(jax.random.permutation(key, n), batch_size, last_batch, jnp)

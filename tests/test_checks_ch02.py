@@ -476,8 +476,10 @@ def test_fraction_of_peak_mistakes(answer, words):
 
 def test_half_peak_is_skipped_on_a_cpu_and_bf16_peak_handles_missing_values():
     assert ch02.check_half_peak(1024).status == "skipped"
-    assert ch02.bf16_peak(None) is None
-    assert ch02.bf16_peak(hardware.get("v5e")) == hardware.get("v5e").peak_bf16_flops_per_s
+    assert hardware.bf16_matrix_peak(None) is None
+    assert hardware.bf16_matrix_peak(hardware.get("v5e")) == hardware.get("v5e").peak_bf16_flops_per_s
+    with pytest.raises(AttributeError, match="moved to tpu_course.hardware"):
+        ch02.bf16_peak  # noqa: B018 - chapter 2 and the checker share hardware's
 
 
 def test_scorecard_counts_zero_for_an_empty_namespace():

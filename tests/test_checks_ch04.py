@@ -127,10 +127,8 @@ def test_xla_cost_refuses_the_course_and_a_lookup_fails_hidden():
                                               hlo.inspect(f, *a).bytes_accessed)),
            "course's own function", "hlo.inspect")
     expect(ch04.check_xla_cost(reference.xla_cost), "course's own function")
-    from tpu_course import hlo_text
-
     def normalised(f, *a):
-        c = hlo_text.normalise_cost(jax.jit(f).lower(*a).compile().cost_analysis())
+        c = hlo.normalise_cost(jax.jit(f).lower(*a).compile().cost_analysis())
         return c["flops"], c["bytes accessed"]
 
     expect(ch04.check_xla_cost(normalised), "course's own function", "normalise_cost")

@@ -87,7 +87,6 @@ CASES = {
     "hardware.get": (hardware.get, dict(name="v5e")),
     "hardware.as_chip": (hardware.as_chip, dict(chip="v5e")),
     "hardware.lookup": (hardware.lookup, dict(device_kind="TPU v6 lite")),
-    "hardware.critical_intensity": (hardware.critical_intensity, dict(chip=V5E, dtype="bf16")),
     "hardware.table": (hardware.table, dict(chip_names=["v5e"])),
 }
 

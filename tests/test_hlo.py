@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpu_course import aot, hardware, hlo
+from tpu_course import hardware, hlo
+from tpu_course.hlo import aot
 
 # --------------------------------------------------------------------------------------
 # Pure parsing
@@ -290,7 +291,7 @@ def test_missing_tpu_extra_says_how_to_install(monkeypatch):
 DP_CODE = """
 import json, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from tpu_course import aot, hardware, hlo
+from tpu_course import hardware, hlo
 mesh = Mesh(np.array(jax.devices()).reshape({shape}), {axes})
 S = lambda s, spec: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
 def loss(w, b, x):

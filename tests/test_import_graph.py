@@ -11,6 +11,8 @@ import pathlib
 
 import pytest
 
+import tpu_course
+
 pytestmark = pytest.mark.stack_independent
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -137,3 +139,19 @@ def test_a_moved_name_says_where_it_lives_now_instead_of_serving_it():
             getattr(module, name)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         comms.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("old, home", sorted(tpu_course.MOVED.items()))
+def test_a_module_that_moved_into_a_package_names_its_new_home(old, home):
+    """``from tpu_course import train_step`` (a saved notebook) says where it went."""
+    import importlib
+
+    assert not (ROOT / "tpu_course" / f"{old}.py").exists()
+    with pytest.raises(ImportError, match=f"tpu_course.{old} moved to {home}"):
+        exec(f"from tpu_course import {old}", {})
+    with pytest.raises(ImportError, match=f"moved to {home}"):
+        importlib.import_module(f"tpu_course.{old}")
+    with pytest.raises(AttributeError, match=f"moved to {home}"):
+        getattr(tpu_course, old)
+    assert not hasattr(tpu_course, old)
+    assert importlib.import_module(home).__name__ == home

@@ -48,6 +48,14 @@ def test_readme_package_table_names_every_module():
     named = {n for line in table for n in re.findall(r"`([\w]+)`", line.split("|")[2])}
     named -= {"doctor"}  # the command __main__ provides, named beside it
     assert named == _modules()
+    # parts of a package are named package.part (train.step, hlo.text): a package whose
+    # parts the table names has every part named, and nothing else
+    parts = {n for line in table for n in re.findall(r"`(\w+\.\w+)`", line.split("|")[2])}
+    packages = {n.split(".")[0] for n in parts}
+    files = {f"{pkg}.{p.stem}" for pkg in packages for p in (PACKAGE / pkg).glob("*.py")
+             if p.stem != "__init__"}
+    assert parts == files
+    assert {"train", "hlo"} <= packages
 
 
 def test_labs_are_the_checker_files_and_the_chapters():
@@ -68,7 +76,7 @@ def test_readme_chapter_table_lists_every_notebook_lab_and_solution():
 
 def test_every_compile_only_generation_is_a_tpu_row():
     """hlo's targets come from the hardware table: no second list of generations."""
-    from tpu_course import aot
+    from tpu_course.hlo import aot
 
     assert set(aot.VERIFIED_TOPOLOGIES) <= {c.name for c in hardware.CHIPS.values()
                                             if c.kind == "tpu"}
@@ -81,7 +89,7 @@ def test_the_pure_layer_imports_no_jax():
     import subprocess
     import sys
 
-    pure = ("hardware", "systolic", "roofline", "comms", "plans", "costs", "hlo_text")
+    pure = ("hardware", "systolic", "roofline", "comms", "plans", "costs", "hlo.text")
     code = ("import sys\n" + "".join(f"import tpu_course.{m}\n" for m in pure)
             + "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -20,7 +20,7 @@ CHIPS = [c for c in CHIPS if c.peak_bf16_flops_per_s is not None]
 def test_worked_numbers_v5e_and_h100():
     v5e, h100 = hardware.get("v5e"), hardware.get("h100")
     assert roofline.ridge_point(v5e) == pytest.approx(197e12 / 819e9)
-    assert roofline.ridge_point(v5e) == pytest.approx(hardware.critical_intensity(v5e))
+    assert roofline.ridge_point(v5e) == pytest.approx(v5e.critical_intensity())
     # scaling book: a bf16 matmul with a B-token batch against big weights has intensity
     # about B, so B ~ 240 is the smallest batch that is compute-bound on v5e
     assert roofline.bound(roofline.matmul_intensity(200, 8192, 8192), v5e) == "memory"

@@ -172,7 +172,14 @@ def test_the_stop_shows_as_a_message_in_ipython_not_a_traceback(capsys):
     assert "Setup: restart the runtime once" in text and "Traceback" not in text
 
 
-def test_the_floor_is_one_number_everywhere():
+def test_the_floor_is_one_number_everywhere(monkeypatch):
+    """pyproject.toml types it; the setup cell, preflight and CI's Colab line read it."""
+    import tpu_course
+
     root = notebooks.ROOT
     assert f'"jax>={FLOOR}"' in (root / "pyproject.toml").read_text()
     assert f"jax=={FLOOR}\n" in (root / "ci" / "colab.txt").read_text()
+    assert f'floor="{FLOOR}"' in notebooks.SETUP_CELL
+    # installed without pyproject.toml (pip on Colab): the package's metadata says the same
+    monkeypatch.setattr(pathlib.Path, "is_file", lambda self: False)
+    assert tpu_course.jax_floor() == FLOOR

@@ -322,7 +322,7 @@ def test_sgd_in_order_is_plain_sgd_on_the_first_batches():
 
 
 def test_command_line_turns_flags_into_the_config(monkeypatch, capsys):
-    from tpu_course import train_cli
+    from tpu_course.train import __main__ as cli
 
     seen, real_fit = {}, train.fit
 
@@ -331,8 +331,8 @@ def test_command_line_turns_flags_into_the_config(monkeypatch, capsys):
         return real_fit(TINY.replace(epochs=1, pipeline="prefetch"), data=synthetic())
 
     monkeypatch.setattr(train, "fit", fake_fit)
-    assert train_cli.main(["--quick", "--epochs", "1", "--bf16", "--pipeline", "device",
-                           "--checkpoint-dir", "ck", "--resume"]) == 0
+    assert cli.main(["--quick", "--epochs", "1", "--bf16", "--pipeline", "device",
+                     "--checkpoint-dir", "ck", "--resume"]) == 0
     assert seen["config"] == train.TrainConfig.quick(epochs=1, compute_dtype="bfloat16", pipeline="device")
     assert seen["checkpoint_dir"] == "ck" and seen["resume"] is True
     assert "test accuracy" in capsys.readouterr().out

@@ -38,9 +38,10 @@ FOLDERS = ("notebooks", "solutions", "labs")
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION:?\s*(?P<name>.*)$")
 END = re.compile(r"^[ \t]*### END SOLUTION\s*$")
 
-#: The oldest jax the course runs on: Colab's own (pyproject.toml's floor, ci/colab.txt).
-#: A test keeps the three equal. A runtime below it is upgraded to exactly this version.
-JAX_FLOOR = "0.7.2"
+#: The oldest jax the course runs on: Colab's own, read from pyproject.toml's `jax>=`
+#: (``tpu_course.jax_floor``; a test holds ci/colab.txt's pin equal to it). A runtime
+#: below it is upgraded to exactly this version.
+JAX_FLOOR = tpu_course.jax_floor()
 
 # The first code cell of every notebook, lab and solution (``make sync`` writes it). Four
 # cases, each tested in throw-away virtual environments (tests/test_setup_cell.py): the

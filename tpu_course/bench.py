@@ -34,7 +34,6 @@ device and a one-device benchmark can reach only that share. On a chip without b
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 import statistics
 import threading
@@ -42,7 +41,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from tpu_course import errors, hardware
+from tpu_course import errors, hardware, tables
 
 #: Spread (interquartile range / median of the per-run times) above which a result is
 #: flagged as too noisy to trust.
@@ -178,17 +177,13 @@ class BenchResult:
         return rows
 
     def __str__(self) -> str:
-        width = max(len(k) for k, _ in self.rows())
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows())
+        return tables.text(self.rows())
 
     def __repr__(self) -> str:
         return f"BenchResult(\n{self}\n)"
 
     def _repr_html_(self) -> str:
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
-                       for k, v in self.rows())
-        return f"<table>{body}</table>"
+        return tables.html(self.rows(), labels=True, align_left=True)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: the fields plus the derived numbers (for tables and JSON)."""

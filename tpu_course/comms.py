@@ -55,13 +55,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from tpu_course import errors, hardware
 #: Per-hop ICI latency in seconds, "~1 us" (scaling book, sharding chapter).
 HOP_LATENCY_S = 1e-6
-
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,6 +253,26 @@ def all_to_all_time(v_bytes: float, axes: int | Sequence[int], chip: hardware.Ch
     flags = _wrap_flags(chip, sizes, wraparound)
     bandwidth = sum(w if f else w / 2 for a, f in zip(sizes, flags) if a > 1)
     return max(hop_latency_s * ring_hops(sizes, flags), v_bytes / (4 * bandwidth))
+
+
+#: The one table of collectives, one row per kind XLA writes in HLO: its time formula
+#: here (None: the course has none) and whether chapter 6 and its lab name it. What the
+#: HLO parser finds (``tpu_course.hlo.text.COLLECTIVE_KINDS``, also its ``-start`` form),
+#: what a lab answer may name (:data:`KINDS`) and what a plan can time
+#: (``plans.CollectivePlan.time_s``) are read from it: a new collective is one row here.
+COLLECTIVES: dict[str, tuple[Callable[..., float] | None, bool]] = {
+    # kind:                 (time formula,        taught)
+    "all-reduce":           (all_reduce_time,     True),
+    "all-gather":           (all_gather_time,     True),
+    "reduce-scatter":       (reduce_scatter_time, True),
+    "all-to-all":           (all_to_all_time,     True),
+    "ragged-all-to-all":    (None,                False),
+    "collective-permute":   (None,                True),
+    "collective-broadcast": (None,                False),
+}
+
+#: The collectives chapter 6 and its lab name, by their HLO names.
+KINDS = tuple(kind for kind, (_, taught) in COLLECTIVES.items() if taught)
 
 
 def latency_bound_bytes(chip: hardware.Chip | str, axis_size: int,

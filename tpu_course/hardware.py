@@ -25,13 +25,13 @@ row's ``sources`` (``tests/test_hardware.py`` checks each one).
 
 **Adding a generation** is one :class:`Chip` row in :data:`CHIPS`: its figures with their
 sources, its typed :class:`Wraparound`, the ``device_kinds`` JAX reports, and, where they
-apply, its verified compile-only topologies (``tpu_course.aot`` reads them; the aot tests
+apply, its verified compile-only topologies (``tpu_course.hlo.aot`` reads them; the aot tests
 compile each one and map its devices back to the row) and its price (``tpu_course.costs``
 reads it). Nothing else lists generations; the tests say what a new row still lacks.
 
 >>> get("v5e").peak_bf16_flops_per_s
 197000000000000.0
->>> round(critical_intensity(get("v5e")))
+>>> round(get("v5e").critical_intensity())
 241
 >>> lookup("TPU v5 lite").name
 'v5e'
@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping
+from typing import Mapping, NoReturn
 
-from tpu_course import errors
+from tpu_course import errors, tables
 
 SOURCES: Mapping[str, str] = {
     "S1": "jax-ml/jax jax/_src/tpu_info.py (per-TensorCore table), "
@@ -167,7 +167,7 @@ class Chip:
     peak_fp16_flops_per_s: float | None = None  # dense fp16 matrix peak; None: none published
     devices_per_chip: int = 1  # JAX devices one chip shows (2 on v2, v3, 7x: no megacore)
     hbm_unit: str = "GB"  # the unit the HBM source prints: 'GB' (1e9) or 'GiB' (2**30)
-    # compile-only TPU topologies verified with libtpu (tpu_course.aot), e.g. ('2x2', '2x4')
+    # compile-only TPU topologies verified with libtpu (tpu_course.hlo.aot), e.g. ('2x2', '2x4')
     compile_only_topologies: tuple[str, ...] = ()
     usd_per_chip_hour: float | None = None  # on-demand list price; None: no price held
 
@@ -260,13 +260,10 @@ class Chip:
         )
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{f.name}</td><td>{getattr(self, f.name)}</td>"
-            f"<td>{self.sources.get(f.name, '')}</td></tr>"
-            for f in dataclasses.fields(self)
-            if f.name not in ("sources", "alt_values")
-        )
-        return f"<table><tr><th>field</th><th>value</th><th>source</th></tr>{rows}</table>"
+        return tables.html([(f.name, getattr(self, f.name), self.sources.get(f.name, ""))
+                            for f in dataclasses.fields(self)
+                            if f.name not in ("sources", "alt_values")],
+                           header=("field", "value", "source"))
 
 
 
@@ -673,13 +670,15 @@ def peak_flops_per_device(chip: Chip | str, dtype: str = "bf16") -> float:
     return as_chip(chip).peak_flops_per_device(dtype)
 
 
-def critical_intensity(chip: Chip | str, dtype: str = "bf16") -> float:
-    """Peak FLOP/s over HBM bytes/s (the roofline's ridge point): :meth:`Chip.critical_intensity`.
+def bf16_matrix_peak(chip: Chip | None) -> float | None:
+    """The chip's dense bf16 peak in FLOP/s, or None: no chip in the table (a CPU, an
+    unknown accelerator), or a chip with no bf16 matrix units (a T4: its row has no bf16
+    peak, XLA computes bf16 in fp32 there). Chapter 2 and its lab's checker use it.
 
-    >>> round(critical_intensity("v6e")), round(critical_intensity(get("t4"), "fp16"))
-    (560, 203)
+    >>> bf16_matrix_peak(get("v5e")) / 1e12, bf16_matrix_peak(get("t4")), bf16_matrix_peak(None)
+    (197.0, None, None)
     """
-    return as_chip(chip).critical_intensity(dtype)
+    return None if chip is None else chip.peak_bf16_flops_per_s
 
 
 def prices() -> dict[str, float]:
@@ -701,8 +700,7 @@ def table(chip_names: list[str] | None = None) -> str:
     t4         no bf16   16 GB       320        -  203 (fp16 peak)
     note: v5e HBM: Cloud pages have printed both 16 GB and 16 GiB; JAX stores 17.2e9 B (S1); this table keeps 16 GB (S5)
     """
-    rows = [("chip", "bf16 TFLOP/s", "HBM", "HBM GB/s", "MXUs", "FLOP/byte"),
-            ("----", "------------", "---", "--------", "----", "---------")]
+    rows = [("----", "------------", "---", "--------", "----", "---------")]
     notes = []
     if chip_names is not None and (not isinstance(chip_names, (list, tuple)) or not all(
             isinstance(n, str) for n in chip_names)):
@@ -712,15 +710,21 @@ def table(chip_names: list[str] | None = None) -> str:
         c = get(name)
         mxu = f"{c.mxu_count} x {c.mxu_size}" if c.mxu_count else "-"
         if c.peak_bf16_flops_per_s is not None:
-            peak, ridge = f"{c.peak_bf16_flops_per_s / 1e12:,.0f}", f"{critical_intensity(c):,.0f}"
+            peak, ridge = f"{c.peak_bf16_flops_per_s / 1e12:,.0f}", f"{c.critical_intensity():,.0f}"
         else:
             peak = "no bf16"
-            ridge = (f"{critical_intensity(c, 'fp16'):,.0f} (fp16 peak)"
+            ridge = (f"{c.critical_intensity('fp16'):,.0f} (fp16 peak)"
                      if c.peak_fp16_flops_per_s is not None else "-")
         rows.append((c.name, peak, c.hbm_label, f"{c.hbm_bytes_per_s / 1e9:,.0f}", mxu, ridge))
         if "hbm_unit" in c.alt_values:
             notes.append(f"note: {c.name} HBM: {c.alt_values['hbm_unit']}")
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in
-                       enumerate(zip(r, widths))).rstrip() for r in rows]
-    return "\n".join(lines + notes)
+    header = ("chip", "bf16 TFLOP/s", "HBM", "HBM GB/s", "MXUs", "FLOP/byte")
+    return "\n".join([tables.text(rows, header, right=True), *notes])
+
+
+def __getattr__(name: str) -> NoReturn:
+    if name == "critical_intensity":  # one formula, on the chip's row
+        raise AttributeError("tpu_course.hardware.critical_intensity is now the method "
+                             "Chip.critical_intensity: hardware.get('v5e').critical_intensity()"
+                             " (or roofline.ridge_point('v5e'), which also takes a name)")
+    raise AttributeError(f"module 'tpu_course.hardware' has no attribute {name!r}")

@@ -24,7 +24,7 @@ jax 0.12: ``pl.pallas_call``, ``pl.BlockSpec(block_shape, index_map)``, ``pl.pro
 ``pl.num_programs``, ``pl.when``, ``pltpu.VMEM``, ``pltpu.CompilerParams(
 dimension_semantics=..., vmem_limit_bytes=...)`` and ``pltpu.InterpretParams()``. Older
 jax (before 0.6) called the last two ``TPUCompilerParams`` and ``TPUInterpretParams``;
-the course's floor is :data:`MIN_JAX`, so no shim is needed.
+the course's floor (:func:`tpu_course.jax_floor`) is newer, so no shim is needed.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ import re
 from typing import Any, Callable
 
 from tpu_course import errors
-
-#: The oldest jax whose Pallas API matches the chapter's code (checked on 0.7.2 and 0.12).
-MIN_JAX = "0.7.2"
 
 #: The last two dimensions of a TPU block must be multiples of these (sublanes, lanes),
 #: or equal to the whole array's: one vreg is 8 x 128 32-bit values.

@@ -205,7 +205,7 @@ def strategy_placement(strategy: str | None, mesh: Mesh | None,
     first device of ``mesh`` (or the default device without one), so that it runs on the
     same platform as the sharded runs it is compared with.
     """
-    from tpu_course.pipelines import Placement
+    from tpu_course.train import Placement
 
     if strategy is None:
         device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]

@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from tpu_course import tables
+
 REFERENCE_DIR = pathlib.Path(__file__).resolve().parent / "reference"
 KINDS = ("params", "forward", "loss", "grad", "step")
 
@@ -363,16 +365,14 @@ class ParityReport:
 
     def _repr_html_(self) -> str:
         colour = "#1a7f37" if self.passed else "#cf222e"
-        head = "<tr><th>array</th><th>shape</th><th>max |err|</th><th>max |ref|</th>" \
-               "<th>tolerance</th><th>verdict</th></tr>"
-        body = []
-        for r in self.rows:
-            err = "-" if not np.isfinite(r.max_abs_err) else f"{r.max_abs_err:.2g}"
-            verdict = "ok" if r.passed else f"<b style='color:#cf222e'>{html.escape(r.diagnosis)}</b>"
-            body.append(f"<tr><td>{html.escape(r.name)}</td><td>{r.shape}</td><td>{err}</td>"
-                        f"<td>{r.max_ref:.2g}</td><td>{r.tolerance}</td><td>{verdict}</td></tr>")
+        rows = [(r.name, r.shape, "-" if not np.isfinite(r.max_abs_err) else f"{r.max_abs_err:.2g}",
+                 f"{r.max_ref:.2g}", r.tolerance,
+                 "ok" if r.passed else tables.Html(
+                     f"<b style='color:#cf222e'>{html.escape(r.diagnosis)}</b>"))
+                for r in self.rows]
         return (f"<p style='color:{colour}'><b>{html.escape(self.summary())}</b></p>"
-                f"<table>{head}{''.join(body)}</table>")
+                + tables.html(rows, header=("array", "shape", "max |err|", "max |ref|",
+                                            "tolerance", "verdict")))
 
 
 def _sort_key(name: str) -> int:

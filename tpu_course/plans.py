@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from tpu_course import errors, hardware
+from tpu_course import errors, hardware, tables
 
 STRATEGIES = ("dp", "fsdp", "tp")
 
@@ -63,9 +63,8 @@ class CollectivePlan:
         from tpu_course import comms  # the time formulas
 
         axes = self.devices if axes is None else axes
-        fns = {"all-gather": comms.all_gather_time, "reduce-scatter": comms.reduce_scatter_time,
-               "all-reduce": comms.all_reduce_time, "all-to-all": comms.all_to_all_time}
-        return sum(fns[c.kind](c.v_bytes, axes, chip, **kwargs) for c in self.collectives)
+        time = {kind: formula for kind, (formula, _) in comms.COLLECTIVES.items() if formula}
+        return sum(time[c.kind](c.v_bytes, axes, chip, **kwargs) for c in self.collectives)
 
     def __str__(self) -> str:
         lines = [f"{self.strategy.upper()} on {self.devices} devices:"]
@@ -75,11 +74,9 @@ class CollectivePlan:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{c.kind}</td><td>{c.arrays}</td><td>{c.bytes:,}</td><td>{c.why}</td></tr>"
-            for c in self.collectives)
-        return (f"<b>{self.strategy.upper()} on {self.devices} devices</b><table><tr><th>kind"
-                f"</th><th>arrays</th><th>bytes/device</th><th>why</th></tr>{rows}</table>")
+        rows = [(c.kind, c.arrays, f"{c.bytes:,}", c.why) for c in self.collectives]
+        return (f"<b>{self.strategy.upper()} on {self.devices} devices</b>"
+                + tables.html(rows, header=("kind", "arrays", "bytes/device", "why")))
 
 
 def _shapes(params: Any) -> list[tuple[int, ...]]:

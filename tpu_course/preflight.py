@@ -382,11 +382,11 @@ def _ch7() -> str:
         from jax.experimental.pallas import tpu as pltpu
     except ImportError as err:
         raise Skip(f"Pallas is not importable with jax {jax.__version__}: {err}") from None
-    from tpu_course import kernels
+    from tpu_course import jax_floor, kernels
 
     if not hasattr(pltpu, "InterpretParams"):
         raise Skip(f"jax {jax.__version__} has no Pallas TPU interpret mode "
-                   f"(pltpu.InterpretParams); chapter 7 needs jax >= {kernels.MIN_JAX}")
+                   f"(pltpu.InterpretParams); chapter 7 needs jax >= {jax_floor()}")
 
     def add_kernel(x_ref, y_ref, o_ref):
         o_ref[...] = x_ref[...] + 2.0 * y_ref[...]

@@ -56,12 +56,6 @@ BANDWIDTH_SHAPE = (4096, 4096)
 COPY_SHAPE = (8192, 8192)  # float32: 256 MiB
 
 
-def bf16_peak(chip: hardware.Chip | None) -> float | None:
-    """The chip's dense bf16 peak in FLOP/s, or None (no chip, or no bf16 matrix units:
-    a T4 emulates bf16)."""
-    return None if chip is None else getattr(chip, "peak_bf16_flops_per_s", None)
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
@@ -643,7 +637,7 @@ def check_copy_prediction(predicted_copy_s: Any, bandwidth: Any,
 # -- Exercise 5 ------------------------------------------------------------------------
 
 _PEAK_CHIPS = tuple(c for c in ("v4", "v5p", "v6e", "a100", "h100", "v3", "7x")
-                    if bf16_peak(hardware.get(c)) is not None)
+                    if hardware.bf16_matrix_peak(hardware.get(c)) is not None)
 
 
 def _hidden_peak(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
@@ -660,7 +654,7 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any],
     """Exercise 5: achieved FLOP/s over the chip's dense bf16 peak, as a fraction."""
     refuse_course_code(EX5, fraction_of_peak, reference.fraction_of_peak)
     spec = hardware.get(chip)
-    peak = bf16_peak(spec)
+    peak = hardware.bf16_matrix_peak(spec)
     want = flops / seconds / peak
     got = as_number(EX5, fraction_of_peak(flops, seconds, chip), "the fraction")
     answer = f"{flops:.3g} FLOPs in {seconds:.3g} s on a {chip}: {want:.3f} of the peak"
@@ -676,8 +670,8 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any],
         refuse(EX5, "you multiplied by the time", hint="achieved FLOP/s is flops / seconds",
                answer=answer)
     others = [c for c in ("v5e", "v6e", "v4", "v5p", "h100", "a100", "v3", "7x") if c != chip]
-    if any(np.isclose(got, flops / seconds / bf16_peak(hardware.get(c)), rtol=1e-6)
-           for c in others if bf16_peak(hardware.get(c))):
+    peaks = [hardware.bf16_matrix_peak(hardware.get(c)) for c in others]
+    if any(np.isclose(got, flops / seconds / p, rtol=1e-6) for p in peaks if p):
         refuse(EX5, f"for a {chip} you divided by another chip's peak",
                hint="take the peak of the chip you are given: hardware.get(chip)",
                answer=answer)
@@ -703,7 +697,7 @@ def check_half_peak(half_peak_n: Any, slack: float = 1.5) -> CheckResult:
     from tpu_course import bench, runtime
 
     chip = runtime.describe().chip
-    peak = bf16_peak(chip)
+    peak = hardware.bf16_matrix_peak(chip)
     if peak is None:
         what = chip.display_name if chip else runtime.describe().device_kind
         return skipped(EX6, f"{what} has no bf16 matrix peak in the table (bf16 is emulated "
@@ -737,3 +731,11 @@ def check_half_peak(half_peak_n: Any, slack: float = 1.5) -> CheckResult:
                     f"{below / peak:.0%} of the peak", hint="the FIRST size that gets there",
                answer=answer)
     return ok(EX6, f"{answer} (tolerance {slack:g}x on the rates)")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "bf16_peak":  # chapter 2 and this checker share one function
+        raise AttributeError("tpu_course.checks.ch02.bf16_peak moved to tpu_course.hardware: "
+                             "use `from tpu_course import hardware` and "
+                             "hardware.bf16_matrix_peak(chip)")
+    raise AttributeError(f"module 'tpu_course.checks.ch02' has no attribute {name!r}")

@@ -55,10 +55,6 @@ def _roof_text(got: Any) -> str:
     return str(got).strip().lower().replace("-bound", "").replace(" bound", "")
 
 
-def _ridge(chip: hardware.Chip) -> float:
-    return chip.peak_bf16_flops_per_s / chip.hbm_bytes_per_s
-
-
 def _roofline_helpers() -> tuple[Callable, ...]:
     names = ("ridge_point", "critical_intensity", "bound", "estimate", "attainable_flops_per_s",
              "matmul_intensity", "matmul_flops", "matmul_bytes", "arithmetic_intensity")
@@ -168,11 +164,11 @@ def check_xla_cost(xla_cost: Callable[..., Any],
     """Exercise 1: ``xla_cost(fn, *args)`` returns ``(flops, bytes accessed)`` of the
     compiled ``fn`` at ``args`` (``jax.ShapeDtypeStruct`` placeholders), asked with JAX's
     own calls; equal to XLA's numbers on each case."""
-    from tpu_course import aot, hlo, hlo_text
+    from tpu_course import hlo
 
-    refuse_course_code(EX1, xla_cost, reference.xla_cost, hlo.inspect, hlo_text.normalise_cost,
-                       hlo_text.normalise_memory, xla_layer_flops, compile_layer_norm,
-                       aot.tpu_topology)
+    refuse_course_code(EX1, xla_cost, reference.xla_cost, hlo.inspect, hlo.normalise_cost,
+                       hlo.normalise_memory, xla_layer_flops, compile_layer_norm,
+                       hlo.tpu_topology)
     said = []
     for kind, dims, dtype in cases:
         fn, args = _cost_case(kind, dims, dtype)
@@ -251,7 +247,7 @@ def check_compute_bound_batch(compute_bound_batch: Callable[..., Any],
     said = []
     for k, n, chip_name in cases:
         chip = hardware.get(chip_name)
-        r = _ridge(chip)
+        r = chip.critical_intensity()
         want = reference.compute_bound_batch(k, n, chip)
         got = compute_bound_batch(k, n, chip)
         where = f"weights [{k}, {n}] on {chip.display_name}"
@@ -570,7 +566,7 @@ def check_layer_norm(predicted_ln_flops: Any, predicted_ln_bytes: Any, predicted
     t, f = LN_SHAPE
     minimum = 2 * t * f * 2 + 2 * f * 2  # x read and y written in bf16, plus gamma and beta
     spec = hardware.get("v5e")
-    ridge = _ridge(spec)
+    ridge = spec.critical_intensity()
     right_roof = "memory" if report.flops / minimum < ridge else "compute"
     fusions = ", ".join(re.sub(r"\.\d+$", "", fu.name) for fu in report.fusions) or "none"
     answer = (f"XLA ({LN_TARGET}): {report.flops:,.0f} FLOPs, {report.bytes_accessed:,.0f} bytes "

@@ -55,7 +55,7 @@ from tpu_course.checks._core import (
     refuse,
     refuse_course_code,
 )
-from tpu_course.train_step import Batch
+from tpu_course.train import Batch
 
 LAB = Lab(5, "A model, a step and a fast pipeline for Fashion-MNIST")
 
@@ -369,9 +369,9 @@ def _reference_step() -> Any:
 
 
 def _course_steps() -> tuple:
-    from tpu_course import train_step as course_step
+    from tpu_course import train
 
-    return (_answers.train_step, course_step.make_train_step, course_step.loss_fn)
+    return (_answers.train_step, train.make_train_step, train.loss_fn)
 
 
 def _metrics(out: Any) -> dict:
@@ -640,9 +640,9 @@ def check_train_step(train_step: Any, batch_size: int = 64, padded: int = 16,
 
 
 def _course_pipelines() -> tuple:
-    from tpu_course import pipelines
+    from tpu_course import train
 
-    return (_answers.fast_batches, slow_batches, pipelines.batches, pipelines.epoch_indices)
+    return (_answers.fast_batches, slow_batches, train.batches, train.epoch_indices)
 
 
 def _materialise(batches: Any, limit: int) -> list:

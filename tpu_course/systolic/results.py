@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 
 import numpy as np
 
+from tpu_course import tables
 from tpu_course.systolic.dataflows import DATAFLOW
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +148,7 @@ class SystolicRun:
                 f"utilization={self.utilization:.3f})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{html.escape(line)}</td></tr>" for line in self.summary().split("\n"))
-        return f"<table>{rows}</table>"
+        return tables.html([(line,) for line in self.summary().split("\n")])
 
 
 

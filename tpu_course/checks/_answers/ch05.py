@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tpu_course.train_step import Batch
+from tpu_course.train import Batch
 
 
 def train_step(model: Any, optimizer: Any, batch: Any, max_norm: Any) -> dict:

@@ -24,8 +24,8 @@ import numpy as np
 from flax import nnx
 
 from tpu_course import errors
-from tpu_course.train_config import TrainConfig
-from tpu_course.train_step import Batch, TrainState, to_model
+from tpu_course.train.config import TrainConfig
+from tpu_course.train.step import Batch, TrainState, to_model
 
 @dataclasses.dataclass(frozen=True)
 class EpochRecord:
@@ -208,7 +208,7 @@ def time_steps(run_step: Callable, state: TrainState, batch_iter: Iterable[Batch
 
 #: Committed ``make bench`` results shipped inside the package, so that a notebook shows
 #: them on any runtime (Colab included), not only in a clone of the repository.
-REFERENCE_DIR = pathlib.Path(__file__).resolve().parent / "reference"
+REFERENCE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reference"
 
 
 def accelerator_reference(name: str = "mnist-h200") -> dict:

@@ -31,6 +31,9 @@ import math
 import re
 from typing import Any, Iterator, Mapping
 
+from tpu_course import comms
+
+
 def normalise_cost(raw: Any) -> dict[str, float]:
     """XLA's ``cost_analysis()`` as one flat ``{name: float}`` dict.
 
@@ -105,10 +108,9 @@ NUMPY_DTYPE: Mapping[str, str] = {
     "f8e5m2": "float8_e5m2",
 }
 
-COLLECTIVE_KINDS = (
-    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
-    "collective-permute", "collective-broadcast",
-)
+#: Every collective opcode XLA writes (each also as ``<kind>-start``): the rows of the one
+#: table of collectives, ``tpu_course.comms.COLLECTIVES``.
+COLLECTIVE_KINDS = tuple(comms.COLLECTIVES)
 
 INSTRUCTION_RE = re.compile(
     r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"

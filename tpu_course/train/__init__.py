@@ -1,18 +1,27 @@
 """Training the chapter-5 models: ``fit(config) -> History``, the one training loop.
 
 ``fit`` runs any :class:`TrainConfig`: it builds the model and the optimizer, the pure
-train step (:mod:`tpu_course.train_step`), and the input pipeline the config names (one
-interface, :mod:`tpu_course.pipelines`), compiles every function ahead of time (timed
-apart), then trains epoch by epoch and evaluates on the whole test set after each one,
-recording a :class:`History` (:mod:`tpu_course.history`). With ``checkpoint_dir`` it
-saves the state after every epoch through Orbax (:mod:`tpu_course.checkpoints`) and
-``resume=True`` continues a run from its last saved epoch, bit for bit, refusing a
-checkpoint written under a different config. With ``placement`` the same loop runs
-sharded over a mesh (chapter 6: ``tpu_course.parallel.train_chapter5``).
+train step (:mod:`tpu_course.train.step`), and the input pipeline the config names (one
+interface, :mod:`tpu_course.train.pipelines`), compiles every function ahead of time
+(timed apart), then trains epoch by epoch and evaluates on the whole test set after each
+one, recording a :class:`History` (:mod:`tpu_course.train.history`). With
+``checkpoint_dir`` it saves the state after every epoch through Orbax
+(:mod:`tpu_course.train.checkpoints`) and ``resume=True`` continues a run from its last
+saved epoch, bit for bit, refusing a checkpoint written under a different config. With
+``placement`` the same loop runs sharded over a mesh (chapter 6:
+``tpu_course.parallel.train_chapter5``).
 
-The names the course uses from the modules it is built from are re-exported here
-(``train.TrainConfig``, ``train.Batch``, ``train.batches``, ``train.evaluate`` ...).
-Command line: ``python -m tpu_course.train_cli --quick`` (:mod:`tpu_course.train_cli`).
+The package is the concept's one public face, as optax's is: its parts live in
+submodules, and the names the course uses are exposed here (``train.TrainConfig``,
+``train.Batch``, ``train.batches``, ``train.evaluate`` ...):
+
+* :mod:`~tpu_course.train.step`: ``Batch``, ``TrainState``, the pure train and eval steps;
+* :mod:`~tpu_course.train.pipelines`: how batches reach the step (host and device);
+* :mod:`~tpu_course.train.evaluation`: a trained model on a whole dataset;
+* :mod:`~tpu_course.train.config`: ``TrainConfig``, what to train and how;
+* :mod:`~tpu_course.train.history`: what a run measured, time to accuracy;
+* :mod:`~tpu_course.train.checkpoints`: save and restore through Orbax;
+* ``__main__``: the command line, ``python -m tpu_course.train --quick``.
 """
 
 from __future__ import annotations
@@ -28,16 +37,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tpu_course import errors, models, pipelines, runtime
-from tpu_course.checkpoints import latest_step, restore_checkpoint, save_checkpoint
-from tpu_course.evaluation import Evaluation, confusion_matrix, evaluate
-from tpu_course.history import (REFERENCE_DIR, EpochRecord, History, StepTiming, TimeToAccuracy,
-                                accelerator_reference, time_steps, time_to_accuracy)
-from tpu_course.pipelines import (PIPELINES, DevicePipeline, HostPipeline, Pipeline, Placement,
-                                  batches, device_epoch_indices, epoch_indices, make_device_epoch,
-                                  make_device_evaluate, prefetch_to_device)
-from tpu_course.train_config import TrainConfig
-from tpu_course.train_step import (Batch, TrainState, init_state, loss_fn, make_eval_step,
+from tpu_course import errors, models, runtime
+from tpu_course.train import pipelines
+from tpu_course.train.checkpoints import latest_step, restore_checkpoint, save_checkpoint
+from tpu_course.train.config import TrainConfig
+from tpu_course.train.evaluation import Evaluation, confusion_matrix, evaluate
+from tpu_course.train.history import (REFERENCE_DIR, EpochRecord, History, StepTiming,
+                                      TimeToAccuracy, accelerator_reference, time_steps,
+                                      time_to_accuracy)
+from tpu_course.train.pipelines import (PIPELINES, DevicePipeline, HostPipeline, Pipeline,
+                                        Placement, batches, device_epoch_indices,
+                                        epoch_indices, make_device_epoch,
+                                        make_device_evaluate, prefetch_to_device)
+from tpu_course.train.step import (Batch, TrainState, init_state, loss_fn, make_eval_step,
                                    make_train_step, to_model)
 
 __all__ = [

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_course import errors
-from tpu_course.train_step import Batch, TrainState
+from tpu_course.train.step import Batch, TrainState
 
 # --------------------------------------------------------------------------- host pipeline
 

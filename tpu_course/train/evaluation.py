@@ -1,6 +1,6 @@
 """Evaluating a trained model: accuracy, loss and predictions on a test set, and the
 confusion matrix (chapter 5). ``train.fit`` evaluates through its pipeline instead
-(:mod:`tpu_course.pipelines`); this is for a model in hand.
+(:mod:`tpu_course.train.pipelines`); this is for a model in hand.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from tpu_course import models
-from tpu_course.pipelines import epoch_indices
+from tpu_course.train.pipelines import epoch_indices
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

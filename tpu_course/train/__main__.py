@@ -1,4 +1,4 @@
-"""``python -m tpu_course.train_cli``: train a chapter-5 model from the command line.
+"""``python -m tpu_course.train``: train a chapter-5 model from the command line.
 
 Thin on purpose (as flax's ``examples/mnist`` keeps ``main.py``): it turns flags into a
 ``TrainConfig``, calls ``train.fit`` and prints the history. ``--quick`` is the 2-core
@@ -13,7 +13,7 @@ from tpu_course import train
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_course.train_cli", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tpu_course.train", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the 2-core CPU preset")
     parser.add_argument("--dataset", default=None, choices=("mnist", "fashion_mnist"))
     parser.add_argument("--pipeline", default=None, choices=tuple(train.PIPELINES))

@@ -1,4 +1,4 @@
-"""Checkpoints of a :class:`~tpu_course.train_step.TrainState`, through Orbax.
+"""Checkpoints of a :class:`~tpu_course.train.step.TrainState`, through Orbax.
 
 A checkpoint directory holds one sub-directory per saved step (Orbax's
 ``CheckpointManager`` layout), each with the state (``StandardSave``: every array of
@@ -11,7 +11,7 @@ leaves a broken checkpoint.
 
 ``train.fit(config, checkpoint_dir=..., resume=True)`` saves after every epoch and
 resumes from the last one, refusing a checkpoint written under another config
-(:meth:`~tpu_course.train_config.TrainConfig.differences`).
+(:meth:`~tpu_course.train.config.TrainConfig.differences`).
 """
 
 from __future__ import annotations

@@ -9,22 +9,24 @@ and the compile time.
 
 ``target`` picks what to compile for: ``None`` is the local backend (or whatever
 devices the arguments' shardings name), a compile-only TPU topology (a name such as
-``"v5e:2x2"`` or a :class:`tpu_course.aot.Topology`). Compile-only targets need the TPU
+``"v5e:2x2"`` or a :class:`tpu_course.hlo.aot.Topology`). Compile-only targets need the TPU
 extra (``pip install "tpu-course[aot]"``, which brings ``libtpu``): the real TPU compiler
 then runs on this machine and produces the program a TPU would run, with its tiled
 layouts (``T(8,128)``), padding, fusions and collectives, without any TPU present.
 Reports say so (``compile_only``).
 
-The module is the report; its parts live apart and are re-exported here:
-:mod:`tpu_course.aot` (the topologies) and :mod:`tpu_course.hlo_text` (the HLO text
-parser and XLA's analyses normalised).
+The package is the concept's one public face: the report is here, its parts live in
+submodules and their public names are exposed here (``hlo.tpu_topology``,
+``hlo.parse_collectives`` ...): :mod:`tpu_course.hlo.aot` (the compile-only topologies)
+and :mod:`tpu_course.hlo.text` (the HLO text parser and XLA's analyses normalised; pure,
+no JAX).
 
 Conventions:
 
 * ``flops`` and ``bytes_accessed`` come from XLA's cost analysis of the compiled
   program; for an SPMD program they are **per device** (the module every device runs).
 * ``bytes`` of a collective is the size of its **operand on one device** (see
-  :mod:`tpu_course.hlo_text`).
+  :mod:`tpu_course.hlo.text`).
 """
 
 from __future__ import annotations
@@ -37,17 +39,17 @@ import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-from tpu_course import errors
-from tpu_course.aot import (  # noqa: F401  (re-exported: the public names of hlo)
+from tpu_course import errors, tables
+from tpu_course.hlo import aot
+from tpu_course.hlo.aot import (  # noqa: F401  (the package's public face: hlo.tpu_topology ...)
     VERIFIED_TOPOLOGIES, Topology, TpuCompilerMissing, compile_only_available, tpu_compiler_available,
     tpu_compiler_problem, tpu_topology, valid_topologies,
 )
-from tpu_course.hlo_text import (  # noqa: F401  (re-exported)
+from tpu_course.hlo.text import (  # noqa: F401  (the package's public face: hlo.parse_module ...)
     COLLECTIVE_KINDS, COMPUTATION_RE, DTYPE_BYTES, INSTRUCTION_RE, NUMPY_DTYPE, Collective,
     Fusion, HloModule, Instruction, clean_line, normalise_cost, normalise_memory,
     parse_collectives, parse_fusions, parse_module, parse_replica_groups,
 )
-from tpu_course import aot
 
 
 class HloTraceError(errors.CourseTypeError):
@@ -165,17 +167,13 @@ class HloReport:
 
     def summary(self) -> str:
         """The compact table as text."""
-        width = max(len(k) for k, _ in self.rows())
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows())
+        return tables.text(self.rows())
 
     def __repr__(self) -> str:
         return f"HloReport(\n{self.summary()}\n)"
 
     def _repr_html_(self) -> str:
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
-                       for k, v in self.rows())
-        return f"<table>{body}</table>"
+        return tables.html(self.rows(), labels=True, align_left=True)
 
     def show_hlo(self, highlight: Iterable[str] = HIGHLIGHT, clean: bool = True) -> "HloText":
         """The optimised HLO with the lines of the ``highlight`` opcodes marked."""
@@ -236,18 +234,13 @@ class ReportDiff:
     hlo_diff: tuple[str, ...]
 
     def __str__(self) -> str:
-        width = max(len(r[0]) for r in self.rows)
-        head = f"{'':<{width}}  {self.names[0]:>16}  {self.names[1]:>16}"
-        return "\n".join([head] + [f"{a:<{width}}  {b:>16}  {c:>16}" for a, b, c in self.rows])
+        return tables.text(self.rows, header=("", *self.names), right=True, min_width=16)
 
     def __repr__(self) -> str:
         return str(self)
 
     def _repr_html_(self) -> str:
-        head = f"<tr><th></th><th>{html.escape(self.names[0])}</th><th>{html.escape(self.names[1])}</th></tr>"
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(a)}</th><td>{html.escape(b)}</td>"
-                       f"<td>{html.escape(c)}</td></tr>" for a, b, c in self.rows)
-        return f"<table>{head}{body}</table>"
+        return tables.html(self.rows, header=("", *self.names), labels=True)
 
 
 def diff(before: HloReport, after: HloReport) -> ReportDiff:
