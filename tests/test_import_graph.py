@@ -155,3 +155,30 @@ def test_a_module_that_moved_into_a_package_names_its_new_home(old, home):
         getattr(tpu_course, old)
     assert not hasattr(tpu_course, old)
     assert importlib.import_module(home).__name__ == home
+
+
+def test_no_module_uses_another_modules_private_names():
+    """``models._widths`` from ``train.config`` was one: a name used across modules is
+    public (within one package, such as ``checks`` with its ``_core`` and ``_answers``, the
+    parts may share private names)."""
+    root = ROOT / "tpu_course"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        here = module_name(path)
+        package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tpu_course"):
+                for alias in node.names:
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and not (node.module + ".").startswith(package + "."):
+                        found.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and not (aliases[node.value.id] + ".").startswith(package + ".")):
+                found.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not found, found

@@ -39,7 +39,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent / "slides_template"
 OUTPUT_ONLY_TAG = "slide-output-only"
 MIN_SLIDES, MAX_SLIDES = 15, 30
-SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")
 HOW_TO_MARK = (
     "mark its cells in the .py twin's headers, e.g. `# %% [markdown] "
     "slideshow={{\"slide_type\": \"slide\"}}` (a first marking: `python -m tools.slides mark "

@@ -36,10 +36,6 @@ from typing import Any, Callable
 
 from tpu_course import errors
 
-#: The last two dimensions of a TPU block must be multiples of these (sublanes, lanes),
-#: or equal to the whole array's: one vreg is 8 x 128 32-bit values.
-TILE = (8, 128)
-
 #: Verdicts of :func:`compile_verdict`.
 FITS, MISALIGNED, TOO_BIG = "fits", "misaligned", "too big"
 

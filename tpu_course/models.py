@@ -73,7 +73,7 @@ def _as_nhwc(x: jax.Array) -> jax.Array:
     return x
 
 
-def _widths(model: str, name: str, widths: Any, count: int | None = None) -> tuple[int, ...]:
+def check_widths(model: str, name: str, widths: Any, count: int | None = None) -> tuple[int, ...]:
     """``widths`` as a tuple of positive layer widths, else a course error naming it."""
     expected = f"{count} positive integers" if count else "a sequence of positive integers"
     if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence) or (
@@ -97,7 +97,7 @@ class MLP(nnx.Module):
 
     def __init__(self, hidden: Sequence[int] = (256, 256), num_classes: int = NUM_CLASSES,
                  *, dtype: Any = None, rngs: nnx.Rngs):
-        hidden = _widths("MLP", "hidden", hidden)
+        hidden = check_widths("MLP", "hidden", hidden)
         widths = [IMAGE_SHAPE[0] * IMAGE_SHAPE[1], *hidden]
         # Flax 0.12 wants a list of sub-modules wrapped in nnx.List; 0.11 has no nnx.List
         # and takes the plain list.

@@ -77,8 +77,8 @@ class TrainConfig:
             errors.check_int(field, getattr(self, field), low=1, where=where)
         for field in ("warmup_steps", "seed", "prefetch"):
             errors.check_int(field, getattr(self, field), low=0, where=where)
-        models._widths(where, "features", self.features, count=2)
-        models._widths(where, "mlp_hidden", self.mlp_hidden)
+        models.check_widths(where, "features", self.features, count=2)
+        models.check_widths(where, "mlp_hidden", self.mlp_hidden)
         # Adam's step is about lr per update: above 1 it only ever diverges on this model.
         errors.check_number("learning_rate", self.learning_rate, low=0, high=1, low_open=True,
                             where=where)
