@@ -223,7 +223,7 @@ def test_registry():
     lab = ch07.LAB
     assert len(lab.exercises) == 5
     assert {"transfer", "predict"} <= {e.kind for e in lab.exercises}
-    assert [e.needs for e in lab.exercises] == ["cpu", "cpu", "tpu-compiler", "cpu", "accelerator"]
+    assert [e.needs for e in lab.exercises] == ["cpu", "cpu", "tpu-compiler", "cpu", "tpu-chip"]
     assert [e.names for e in lab.exercises] == [
         ("dense_relu",), ("vmem_footprint",), ("verdicts",), ("attention_scores",),
         ("dense_relu", "fast_blocks")]

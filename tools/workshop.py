@@ -64,6 +64,7 @@ RUNTIME = {
     "cpu": "any, CPU included",
     "tpu": "any; TPU numbers on a TPU",
     "accelerator": "TPU or GPU (skipped on CPU)",
+    "tpu-chip": "a TPU (skipped on CPU and GPU)",
     "tpu-compiler": "TPU compiler (Kaggle, a TPU VM, or the `aot` extra)",
 }
 

@@ -45,7 +45,7 @@ _MARKS = {PASSED: "PASS", FAILED: "FAIL", NOT_WRITTEN: "NOT WRITTEN", SKIPPED: "
 _COLOURS = {PASSED: "#1a7f37", FAILED: "#cf222e", NOT_WRITTEN: "#9a6700", SKIPPED: "#57606a"}
 
 #: What an exercise can need from the runtime, and how to tell whether it is there.
-NEEDS = ("cpu", "accelerator", "tpu-compiler")
+NEEDS = ("cpu", "accelerator", "tpu-chip", "tpu-compiler")
 #: What an exercise asks: code the chapter taught ("write"), the chapter's idea on a case
 #: it did not show ("transfer"), or a number before it is measured ("predict").
 KINDS = ("write", "transfer", "predict")
@@ -511,12 +511,15 @@ class Exercise:
 
     def unmet(self) -> str | None:
         """Why this runtime cannot grade the exercise, or None when it can."""
-        if self.needs == "accelerator":
+        if self.needs in ("accelerator", "tpu-chip"):
             from tpu_course import runtime
 
             platform = runtime.describe().platform
-            if platform == "cpu":
+            if self.needs == "accelerator" and platform == "cpu":
                 return ("needs a TPU or GPU runtime, and this one is a CPU "
+                        "(Colab: Runtime > Change runtime type)")
+            if self.needs == "tpu-chip" and platform != "tpu":
+                return (f"needs a TPU runtime, not a GPU, and this one is a {platform.upper()} "
                         "(Colab: Runtime > Change runtime type)")
         elif self.needs == "tpu-compiler":
             from tpu_course import hlo

@@ -779,7 +779,7 @@ def _fast_blocks(fast_blocks: Any) -> tuple[int, int, int]:
     return blocks  # type: ignore[return-value]
 
 
-@LAB.exercise(EX5, minutes=15, needs="accelerator", kind="predict",
+@LAB.exercise(EX5, minutes=15, needs="tpu-chip", kind="predict",
               predicts=("fast_blocks",))
 def check_fast(dense_relu: Callable[..., Any], fast_blocks: Any,
                fraction: float = FAST_FRACTION) -> CheckResult:
