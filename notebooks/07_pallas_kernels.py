@@ -32,8 +32,9 @@
 #
 # **Versions.** The code here needs **jax 0.7.2 or newer** (Colab's in 2026 and the
 # course's floor), where the names are `pl.pallas_call`, `pl.BlockSpec(block_shape,
-# index_map)`, `pltpu.CompilerParams` and `pltpu.InterpretParams`; older jax (before
-# 0.6) called the last two `TPUCompilerParams` and `TPUInterpretParams`.
+# index_map)`, `pltpu.CompilerParams` and `pltpu.InterpretParams`. Those two public names first
+# shipped in jax 0.6.2 (JAX's changelog lists the rename under 0.7.0); 0.6.0 and 0.6.1
+# export `TPUCompilerParams`, and `TPUInterpretParams` was never public in a release.
 
 # %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -123,7 +124,8 @@ print("TPU compiler here:", "yes" if AOT else f"no: {hlo.tpu_compiler_problem()}
 #   128 lanes), and VMEM is laid out in such tiles (chapter 4 saw the `T(8,128)` layout in
 #   HBM). So a block's last two dimensions must be multiples of 8 and 128 (or the whole
 #   array's dimensions);
-# * **VMEM is small.** A few tens of MiB per core, against GBs of HBM:
+# * **VMEM is small.** 16 MiB per core on v2-v4, 64 MiB on v5p and 7x, 128 MiB on v5e and
+#   v6e (JAX's `tpu_info.py`, the course's `hardware` table), against tens of GB of HBM:
 
 # %% slideshow={"slide_type": "subslide"}
 for name in ("v5e", "v6e"):
@@ -773,8 +775,9 @@ print(f"gradient matches jax.grad of jax.nn.softmax: {float(jnp.abs(mine - xla).
 # ## 10. On a GPU, and on a real TPU
 #
 # **GPU.** Pallas has GPU backends too, with the same `pallas_call`, grid and
-# `BlockSpec` ideas. **Mosaic GPU** needs Hopper or newer (H100, H200; it uses their TMA
-# copies and warpgroup matmuls); the older **Triton** backend goes down to Ampere (A100),
+# `BlockSpec` ideas. **Mosaic GPU** was written for Hopper (H100, H200: their TMA copies
+# and warpgroup matmuls), and jax 0.11.0 added Ampere to it (`plgpu.mma`, `cp.async`;
+# JAX's changelog); the older **Triton** backend goes down to Ampere (A100),
 # is kept on a best-effort basis, and is deprecated from jax 0.11 on (JAX's Pallas
 # quickstart and changelog, docs.jax.dev/en/latest/pallas). So a Colab **T4** (Turing,
 # older than Ampere, and without bf16 arithmetic) runs no Pallas GPU kernel at all. What

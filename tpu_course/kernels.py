@@ -22,9 +22,11 @@ explains them, and the one kernel the lab and the tests reuse:
 The Pallas API the course uses has the same names on jax 0.7.2 (Colab, August 2026) and
 jax 0.12: ``pl.pallas_call``, ``pl.BlockSpec(block_shape, index_map)``, ``pl.program_id``,
 ``pl.num_programs``, ``pl.when``, ``pltpu.VMEM``, ``pltpu.CompilerParams(
-dimension_semantics=..., vmem_limit_bytes=...)`` and ``pltpu.InterpretParams()``. Older
-jax (before 0.6) called the last two ``TPUCompilerParams`` and ``TPUInterpretParams``;
-the course's floor (:func:`tpu_course.jax_floor`) is newer, so no shim is needed.
+dimension_semantics=..., vmem_limit_bytes=...)`` and ``pltpu.InterpretParams()``. Those
+two public names first shipped in jax 0.6.2 (JAX's changelog lists the rename under
+0.7.0; 0.6.0 and 0.6.1 export ``TPUCompilerParams``, and ``TPUInterpretParams`` was never
+public in a release); the course's floor (:func:`tpu_course.jax_floor`) is newer, so no
+shim is needed.
 """
 
 from __future__ import annotations
