@@ -605,12 +605,17 @@ for name, axes, wrap, what in cases:
 # %% slideshow={"slide_type": "subslide"}
 for name in ("v5e", "v5p", "v6e"):
     chip = hardware.get(name)
-    print(f"{chip.display_name:<20} ICI {chip.ici_bytes_per_s / 1e9:6,.0f} GB/s, DCN "
-          f"{chip.dcn_bytes_per_s / 1e9:5.2f} GB/s per chip: DCN is "
-          f"{chip.ici_bytes_per_s / chip.dcn_bytes_per_s:4.0f}x slower")
+    axis, ports, dcn = comms.w_ici(chip), chip.ici_bytes_per_s, chip.dcn_bytes_per_s
+    print(f"{chip.display_name:<20} DCN {dcn / 1e9:5.2f} GB/s per chip; ICI {axis / 1e9:4.0f} "
+          f"GB/s per axis ({axis / dcn:3.0f}x DCN), {ports / 1e9:5,.0f} GB/s all ports "
+          f"({ports / dcn:3.0f}x)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# Two orders of magnitude: 128x on v5e, 192x on v5p (64x on v6e). So only the cheapest
+# Which ratio matters depends on the collective. One collective along one mesh axis gets
+# that axis's ICI bandwidth, $W_{ici}$ (the convention of every collective time in this
+# chapter): per axis DCN is about 30x slower on v5e and v5p and about 15x on v6e. A step
+# that moves data on every axis at once uses all of a chip's ports, and against those DCN
+# is 64-192x slower. Either way it is more than an order of magnitude, so only the cheapest
 # strategy crosses slices. Data parallelism across $S$ slices all-reduces the gradients
 # once per step; FSDP would also gather the weights over DCN every step (worse); a
 # pipeline sends only activations between slices.
@@ -996,6 +1001,7 @@ for name in ("v5e", "v6e", "v5p"):
 #   except where the backend chose another kind, and the HLO said so.
 # * Time per collective: $V/W_{ici}$ for a gather on a wrapped axis, twice without
 #   wraparound, divided by the number of axes used, never below the hop latency.
-# * DCN is 64-192x slower per chip than ICI: data parallelism across slices needs about
+# * DCN is 14-29x slower than one ICI axis (64-192x slower than all of a chip's ICI
+#   ports): data parallelism across slices needs about
 #   $C/W_{dcn}$ tokens per slice (71k-73k on v5p, the book's rule); otherwise pipeline,
 #   and pay the bubble $(p-1)/(m+p-1)$.
