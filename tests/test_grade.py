@@ -529,3 +529,34 @@ def test_a_missing_dependency_is_named(tmp_path, monkeypatch):
     monkeypatch.setitem(grade.REQUIRES, "no_such_module_xyz", "no-such-package-xyz")
     with pytest.raises(grade.GradeError, match="needs no-such-package-xyz.*pip install"):
         grade.grade([ROOT / "labs" / "01_systolic_array.ipynb"], tmp_path)
+
+
+def test_a_lab_that_simulates_devices_is_checked_on_as_many_and_its_sources_read(tmp_path):
+    """Lab 6's notebook calls simulate_devices(8), a top-level statement the checking
+    process never runs: the registry's cpu_devices gives that process its 8 devices; and
+    exercise 7 ships process_rows' source to two worker processes, so a carried
+    definition's source must be readable there (it was "could not get source code")."""
+    import inspect as inspect_module
+
+    from tpu_course.checks._answers import ch06 as answers
+
+    cells = [nbformat.v4.new_markdown_cell(f"# Lab 6: {checks.lab(6).title}")]
+    cells += [nbformat.v4.new_code_cell(src) for src in (
+        "from tpu_course import runtime\nruntime.simulate_devices(8)\nfrom typing import Any",
+        inspect_module.getsource(answers.bidirectional_all_reduce),
+        "def process_rows(global_batch, sharding):\n"
+        "    import numpy as np\n"
+        "    held = sharding.addressable_devices_indices_map(global_batch.shape).values()\n"
+        "    spans = sorted({(i[0].start or 0, i[0].stop or len(global_batch)) for i in held})\n"
+        "    return np.concatenate([global_batch[a:b] for a, b in spans])\n")]
+    subs = tmp_path / "subs" / "ada"
+    subs.mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), subs / "lab-6.ipynb")
+    out = tmp_path / "out"
+    _grade_cli(tmp_path / "subs", out, tmp_path)
+    (rows,) = _rows(out).values()
+    status = {r["exercise"]: r["status"] for r in rows}
+    lab = checks.lab(6)
+    message = {r["exercise"]: r["message"] for r in rows}
+    for exercise in (lab.find(4), lab.find(7)):
+        assert status[exercise.title] == "passed", message[exercise.title]

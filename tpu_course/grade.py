@@ -70,6 +70,7 @@ import html
 import importlib
 import importlib.util
 import inspect
+import linecache
 import io
 import json
 import os
@@ -777,6 +778,11 @@ def _check_main() -> int:
     import math  # noqa: F401 - pristine before any learner definition runs
     import numpy  # noqa: F401
 
+    from tpu_course import checks as registry, runtime
+
+    devices = registry.lab(int(job["lab"])).cpu_devices
+    if devices > 1:  # what the notebook's simulate_devices did, before JAX starts here
+        runtime.simulate_devices(devices)
     imports, definitions = carry_over(job["sources"])
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     snapshot: dict[str, dict[str, Any]] = {}
@@ -784,8 +790,11 @@ def _check_main() -> int:
         if node is None:  # imports done: what definitions change in modules gets undone
             snapshot = _module_dicts()
             continue
-        try:
-            code = compile(ast.Module(body=[node], type_ignores=[]), "<notebook>", "exec",
+        try:  # each definition under a file name inspect can read its source from
+            source = ast.unparse(node) + "\n"
+            name = f"<notebook definition {len(linecache.cache)}>"
+            linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+            code = compile(source, name, "exec",
                            flags=__future__.annotations.compiler_flag, dont_inherit=True)
             exec(code, namespace)  # noqa: S102 - imports and definitions only
         except BaseException:  # noqa: BLE001 - a failed definition is simply absent

@@ -616,9 +616,12 @@ def _registry_of(exercise: Exercise) -> list[Exercise]:
 class Lab:
     """The exercises of one lab, in order, with the scorecard that grades them all."""
 
-    def __init__(self, number: int, title: str) -> None:
+    def __init__(self, number: int, title: str, *, cpu_devices: int = 1) -> None:
         self.number = number
         self.title = title
+        #: CPU devices the checks need (the notebook calls ``runtime.simulate_devices``);
+        #: the grader's fresh checking process starts with as many.
+        self.cpu_devices = cpu_devices
         self.exercises: list[Exercise] = []
         _LABS[number] = self
 

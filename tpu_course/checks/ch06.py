@@ -30,7 +30,7 @@ from tpu_course.checks._core import (
     refuse_course_code,
 )
 
-LAB = Lab(6, "Shard the chapter-5 model and explain every collective")
+LAB = Lab(6, "Shard the chapter-5 model and explain every collective", cpu_devices=8)
 
 #: Relative tolerance of a predicted byte count against the compiled HLO's. The learner's
 #: count is of parameters; the HLO adds a few scalars (the loss and the accuracy), and the
