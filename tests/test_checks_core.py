@@ -265,3 +265,9 @@ def test_each_lab_has_one_title_in_its_registry_and_its_notebooks():
             (twin,) = (root / folder).glob(f"{number:02d}_*.py")
             first = next(ln for ln in twin.read_text().splitlines() if ln.startswith("# # Lab"))
             assert first == heading, f"{twin.name}: {first!r} but the registry says {title!r}"
+
+
+def test_learner_globals_are_the_learners_namespaces_only():
+    found = _core.learner_globals(lambda *a: _helper(*a))
+    assert found == [globals()]  # this module's, once, reached through the helper
+    assert _core.learner_globals(jax.numpy.dot) == []

@@ -412,6 +412,23 @@ def names_used(answer: Any, names: Iterable[str], *, depth: int = 4) -> str | No
                    lambda found: min(found & wanted) if found & wanted else None)
 
 
+def learner_globals(answer: Any, *, depth: int = 4) -> list[dict]:
+    """The global namespaces of ``answer`` and of the learner's own functions it reaches
+    (a notebook's ``__main__``, a test module), found by the walk of
+    :func:`course_code_used`: where the names the learner's code reads live (lab 2 points
+    the clocks there at a virtual one)."""
+    found: list[dict] = []
+
+    def note(obj: Any) -> None:
+        obj = _unwrap(obj)
+        g = getattr(obj, "__globals__", None)
+        if isinstance(g, dict) and _learners(obj) and all(g is not f for f in found):
+            found.append(g)
+
+    _search(answer, depth, note, lambda names: None)
+    return found
+
+
 def _learners(obj: Any) -> bool:
     """True for code the learner wrote (a notebook's or a test's), not a library's or the
     course's: :func:`course_code_used` follows only that (``systolic.simulate`` may call

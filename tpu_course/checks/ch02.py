@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import statistics
-import sys
 import time
 import timeit
 import types
@@ -36,6 +34,7 @@ from tpu_course.checks._core import (
     Lab,
     as_number,
     close_enough,
+    learner_globals,
     ok,
     refuse,
     refuse_course_code,
@@ -120,65 +119,6 @@ class _Clock:
         self.now = max(self.now, t)
 
 
-def _unwrap(fn: Any) -> Any:
-    for _ in range(8):
-        if isinstance(fn, functools.partial):
-            fn = fn.func
-        elif isinstance(fn, types.MethodType):
-            fn = fn.__func__
-        elif getattr(fn, "__wrapped__", None) is not None:
-            fn = fn.__wrapped__
-        else:
-            break
-    return fn
-
-
-def _learners_globals(g: dict) -> bool:
-    root = str(g.get("__name__", "")).split(".")[0]
-    if root in ("tpu_course", "builtins") or root in sys.stdlib_module_names:
-        return False
-    path = str(g.get("__file__", "") or "")
-    return not any(part in path for part in ("site-packages", "dist-packages"))
-
-
-def _globals_of(answer: Any, depth: int = 3) -> list[dict]:
-    """The global namespaces of the learner's answer and of the learner's own functions it
-    calls (a notebook's ``__main__``, a test module), where its clock names live."""
-    found: list[dict] = []
-    seen: set[int] = set()
-
-    def visit(obj: Any, level: int) -> None:
-        obj = _unwrap(obj)
-        if id(obj) in seen or level > depth:
-            return
-        seen.add(id(obj))
-        if not hasattr(obj, "__code__") and not isinstance(obj, type):
-            call = vars(type(obj)).get("__call__")  # an object with a __call__ method
-            if isinstance(getattr(call, "__code__", None), types.CodeType):
-                obj = call
-        code, g = getattr(obj, "__code__", None), getattr(obj, "__globals__", None)
-        if not isinstance(code, types.CodeType) or not isinstance(g, dict) \
-                or not _learners_globals(g):
-            return
-        if all(g is not other for other in found):
-            found.append(g)
-        stack, names = [code], set()
-        while stack:
-            c = stack.pop()
-            names.update(c.co_names)
-            stack.extend(x for x in c.co_consts if isinstance(x, types.CodeType))
-        refs = [g.get(n) for n in names]
-        for cell in getattr(obj, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):
-                refs.append(cell.cell_contents)
-        for ref in refs:
-            if callable(ref):
-                visit(ref, level + 1)
-
-    visit(answer, 0)
-    return found
-
-
 @contextlib.contextmanager
 def _virtual_time(answer: Any, clock: _Clock, swaps: dict[int, Any] | None = None
                   ) -> Iterator[None]:
@@ -201,7 +141,7 @@ def _virtual_time(answer: Any, clock: _Clock, swaps: dict[int, Any] | None = Non
     table.update(swaps or {})
     patched: list[tuple[dict, str, Any]] = []
     try:
-        for g in _globals_of(answer):
+        for g in learner_globals(answer, depth=3):
             for name, value in list(g.items()):
                 new = table.get(id(value))
                 if new is not None and not name.startswith("__"):
