@@ -35,6 +35,19 @@ def run_in_subprocess(code: str, devices: int = 8, timeout_s: float = 300,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(autouse=True)
+def fresh_checks_state():
+    """Every test starts and ends with no recorded prediction and no last result, so
+    ``LAB.predict`` locks and ``checks.reveal`` answers only what the test itself did."""
+    from tpu_course.checks import _core
+
+    for state in (_core._PREDICTIONS, _core._LAST):
+        state.clear()
+    yield
+    for state in (_core._PREDICTIONS, _core._LAST):
+        state.clear()
+
+
 @pytest.fixture
 def subprocess_runner():
     return run_in_subprocess

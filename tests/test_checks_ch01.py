@@ -12,19 +12,10 @@ import numpy as np
 import pytest
 
 from tpu_course import checks, systolic
-from tpu_course.checks import NotWritten, _core, ch01
+from tpu_course.checks import NotWritten, ch01
 from tpu_course.checks._answers import ch01 as answers
 
 SEED = checks.grading_seed("someone", 1)
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    _core._PREDICTIONS.clear()
-    _core._LAST.clear()
-    yield
-    _core._PREDICTIONS.clear()
-    _core._LAST.clear()
 
 
 def test_registry_lists_every_exercise_with_a_transfer_and_a_prediction():

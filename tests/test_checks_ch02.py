@@ -24,13 +24,6 @@ from tpu_course.checks._answers import ch02 as reference
 SEED = grading_seed("someone", 2)
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    _core._PREDICTIONS.clear()
-    yield
-    _core._PREDICTIONS.clear()
-
-
 def test_registry_has_a_transfer_and_a_prediction():
     kinds = {e.kind for e in ch02.LAB.exercises}
     assert {"transfer", "predict"} <= kinds and len(ch02.LAB.exercises) == 6

@@ -21,15 +21,6 @@ LR = 0.1
 SEEDS = [checks.grading_seed(who, 3) for who in ("ada", "bob")]
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    _core._PREDICTIONS.clear()
-    _core._LAST.clear()
-    yield
-    _core._PREDICTIONS.clear()
-    _core._LAST.clear()
-
-
 def hidden(exercise: int, answer, seed: int = SEEDS[0]):
     """The grader's verdict (visible check, then the hidden inputs) on one exercise."""
     ex = ch03.LAB.exercises[exercise - 1]

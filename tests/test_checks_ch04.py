@@ -11,18 +11,11 @@ import jax
 import pytest
 
 from tpu_course import hlo, roofline
-from tpu_course.checks import NotWritten, _core, ch04, grading_seed
+from tpu_course.checks import NotWritten, ch04, grading_seed
 from tpu_course.checks._answers import ch04 as reference
 
 SEED = grading_seed("someone", 4)
 HAS_TPU_COMPILER = hlo.tpu_compiler_problem() is None
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    _core._PREDICTIONS.clear()
-    yield
-    _core._PREDICTIONS.clear()
 
 
 def expect(result, *words):

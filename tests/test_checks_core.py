@@ -23,15 +23,6 @@ pytestmark = pytest.mark.stack_independent
 CHECKS = pathlib.Path(checks.__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    _core._PREDICTIONS.clear()
-    _core._LAST.clear()
-    yield
-    _core._PREDICTIONS.clear()
-    _core._LAST.clear()
-
-
 def toy_lab(number: int = 90) -> Lab:
     lab = Lab(number, "Toy")
 
