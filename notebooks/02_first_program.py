@@ -167,16 +167,22 @@ print(hardware.table())
 # Spot VMs cost less because they can be reclaimed: save checkpoints (chapter 5).
 #
 # ### What it costs
-# A small price table lives in `tpu_course.costs`, with its date and source. Cloud prices
-# change and vary by region: treat the figures as an estimate and check the pricing page
-# before you spend money.
+# A job's cost is a formula: **chips x hours x price per chip-hour**. Prices change and
+# differ by region and by kind (on-demand, spot), so the price is yours to fill in: read
+# today's figure for your region on the pricing page (`costs.PRICES_SOURCE`) and pass it
+# as `usd_per_chip_hour=`. Left at `None`, `tpu_course.costs` uses its *example* price, a
+# dated list price the course could not verify (spot derived from it by an assumed
+# fraction), and every line it prints says so.
 
 # %% slideshow={"slide_type": "subslide"}
 from tpu_course import costs
 
-print(f"Prices as of {costs.PRICES_AS_OF}, source: {costs.PRICES_SOURCE}")
-workshop = costs.training_cost("v5e", 20, hours=3, pricing="spot")  # 20 learners x 1 chip x 3 h
-one_day = costs.training_cost("v6e", 8, hours=24, pricing="on_demand")  # a v6e-8 for a day
+print(f"Check today's prices at {costs.PRICES_SOURCE} (the example prices: {costs.PRICES_AS_OF})")
+v5e_spot_price = None  # USD per chip-hour, today's spot price for your region
+v6e_price = None  # USD per chip-hour, today's on-demand price
+workshop = costs.training_cost("v5e", 20, hours=3, pricing="spot",  # 20 learners x 1 chip x 3 h
+                               usd_per_chip_hour=v5e_spot_price)
+one_day = costs.training_cost("v6e", 8, hours=24, usd_per_chip_hour=v6e_price)  # a v6e-8, a day
 print("a workshop:", workshop)
 print("a day of v6e-8:", one_day)
 

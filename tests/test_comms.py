@@ -7,7 +7,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tpu_course import comms, costs, hardware, plans
+from tpu_course import comms, hardware
 
 pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
 
@@ -157,45 +157,3 @@ def test_gpu_switch_uses_nccl_ring():
     v, n = 1e10, 8
     # NCCL: t = (S/B)(n-1)/n with B one-way per GPU (450 GB/s)
     assert comms.all_gather_time(v, n, h100) == pytest.approx(v / 450e9 * (n - 1) / n)
-
-
-def test_collective_bytes_fsdp_vs_dp_total_traffic():
-    shapes = [(256, 1024), (1024, 256)]
-    dp = plans.collective_bytes("dp", shapes, devices=8, loss_bytes=0)
-    fsdp = plans.collective_bytes("fsdp", shapes, devices=8, loss_bytes=0)
-    # an all-reduce is a reduce-scatter plus an all-gather: same V, same time
-    assert dp.time_s("v5e", 8) == pytest.approx(fsdp.time_s("v5e", 8))
-    assert fsdp.by_kind()["all-gather"][1] * 8 == dp.total_bytes == fsdp.by_kind()["reduce-scatter"][1]
-
-
-def test_collective_bytes_errors():
-    with pytest.raises(ValueError, match="strategy"):
-        plans.collective_bytes("zero", [(8, 8)], devices=8)
-    with pytest.raises(ValueError, match="divide"):
-        plans.collective_bytes("fsdp", [(6, 8)], devices=8)
-    with pytest.raises(ValueError, match="batch"):
-        plans.collective_bytes("tp", [(8, 8)], devices=8)
-
-
-def test_layer_bytes_scaling_book():
-    d, f, b = 8192, 32768, 1024
-    assert plans.layer_bytes("dp", d, f) == 8 * d * f
-    assert plans.layer_bytes("fsdp", d, f) == 12 * d * f
-    assert plans.layer_bytes("tp", d, f, batch=b) == 8 * b * d
-
-
-def test_training_cost_arithmetic():
-    est = costs.training_cost("v5e", 8, hours=2.0)
-    assert est.usd == pytest.approx(8 * 2 * costs.PRICES_USD_PER_CHIP_HOUR["v5e"]["on_demand"])
-    assert "unverified" in str(est)
-    assert costs.mfu(6e12, 1.0, 1, "v5e") == pytest.approx(6e12 / 197e12)
-    with pytest.raises(ValueError, match="no published bf16"):
-        costs.mfu(6e12, 1.0, 1, "t4")
-
-
-def test_spot_prices_are_an_assumption_printed_beside_the_number():
-    for row in costs.PRICES_USD_PER_CHIP_HOUR.values():
-        assert row["spot"] == pytest.approx(row["on_demand"] * costs.SPOT_FRACTION_ASSUMED, abs=0.005)
-    spot = str(costs.training_cost("v6e", 1, hours=1, pricing="spot"))
-    assert "assumed 0.4 x on-demand" in spot
-    assert "assumed" not in str(costs.training_cost("v6e", 1, hours=1))

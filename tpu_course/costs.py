@@ -1,8 +1,10 @@
-"""What a job costs: chips x hours x the price held in the hardware table, and MFU.
+"""What a job costs: chips x hours x a price per chip-hour, and MFU.
 
-The on-demand prices are the hardware rows' ``usd_per_chip_hour`` (source P1,
-unverified); the spot prices are derived from them by an assumed fraction.
-``tpu_course.comms`` re-exports every name here.
+A cost is a formula, ``chips x hours x USD per chip-hour``: pass today's price for your
+region (``usd_per_chip_hour=``, read from :data:`PRICES_SOURCE`) and the total is yours.
+Without it the course fills in an *example* price: the hardware rows' on-demand
+``usd_per_chip_hour`` (source P1, dated, unverified) and spot prices derived from them by
+an assumed fraction; every printed estimate says which it used.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def pricing_note(pricing: str) -> str:
 
 
 PRICES_AS_OF = "2026-11-30"  # the date in source P1
-PRICES_SOURCE = "https://cloud.google.com/tpu/pricing (UNVERIFIED: not found in the stored copies)"
+PRICES_SOURCE = "https://cloud.google.com/tpu/pricing"  # the example prices: unverified (P1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,7 @@ class CostEstimate:
     usd_per_chip_hour: float
     pricing: str
     mfu: float | None = None
+    example: bool = True  # the course's example price, not one the caller gave
 
     @property
     def usd(self) -> float:
@@ -59,9 +62,10 @@ class CostEstimate:
 
     def __str__(self) -> str:
         m = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
+        where = (f"example {pricing_note(self.pricing)} price, {PRICES_AS_OF}, unverified"
+                 if self.example else f"your {self.pricing.replace('_', '-')} price")
         return (f"{self.chips} x {self.chip} for {self.hours:,.3g} h at ${self.usd_per_chip_hour:.2f}"
-                f"/chip-h ({pricing_note(self.pricing)}, {PRICES_AS_OF}, unverified) = "
-                f"${self.usd:,.2f}{m}")
+                f"/chip-h ({where}) = ${self.usd:,.2f}{m}")
 
     __repr__ = __str__
 
@@ -86,8 +90,13 @@ def mfu(model_flops_per_step: float, step_time_s: float, chips: int,
 
 def training_cost(chip: str, chips: int, *, tokens: float | None = None, params: float | None = None,
                   mfu: float | None = None, hours: float | None = None,
-                  pricing: str = "on_demand") -> CostEstimate:
+                  pricing: str = "on_demand",
+                  usd_per_chip_hour: float | None = None) -> CostEstimate:
     """Dollars for a job: either ``hours`` given, or from ``6 x params x tokens`` FLOPs at ``mfu``.
+
+    ``usd_per_chip_hour``: today's price for your region and ``pricing`` (from
+    :data:`PRICES_SOURCE`); without it the course's dated example price is used, and the
+    estimate says so.
 
     ``hours = 6 P T / (chips x C x MFU) / 3600`` (training FLOPs ~ 6 per parameter per
     token, PaLM appendix B via nanoGPT's ``estimate_mfu``).
@@ -96,7 +105,9 @@ def training_cost(chip: str, chips: int, *, tokens: float | None = None, params:
     >>> round(est.hours, 2), round(est.usd)
     (1.65, 508)
     >>> print(training_cost("v5e", 20, hours=3, pricing="spot"))
-    20 x v5e for 3 h at $0.48/chip-h (spot = assumed 0.4 x on-demand, 2026-11-30, unverified) = $28.80
+    20 x v5e for 3 h at $0.48/chip-h (example spot = assumed 0.4 x on-demand price, 2026-11-30, unverified) = $28.80
+    >>> print(training_cost("v5e", 20, hours=3, pricing="spot", usd_per_chip_hour=0.5))
+    20 x v5e for 3 h at $0.50/chip-h (your spot price) = $30.00
     """
     if not isinstance(chip, str) or chip not in PRICES_USD_PER_CHIP_HOUR:
         raise errors.CourseValueError(f"chip={chip!r}: no price in the table; it has "
@@ -113,4 +124,7 @@ def training_cost(chip: str, chips: int, *, tokens: float | None = None, params:
         params = errors.check_number("params", params, low=0, low_open=True)
         mfu = errors.check_number("mfu", mfu, low=0, high=1, low_open=True)
         hours = 6 * params * tokens / (chips * hardware.peak_flops_per_s(c) * mfu) / 3600
-    return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu)
+    if usd_per_chip_hour is None:
+        return CostEstimate(chip, chips, hours, PRICES_USD_PER_CHIP_HOUR[chip][pricing], pricing, mfu)
+    price = errors.check_number("usd_per_chip_hour", usd_per_chip_hour, low=0, low_open=True)
+    return CostEstimate(chip, chips, hours, price, pricing, mfu, example=False)
