@@ -91,10 +91,10 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_course import checks, hlo, kernels
+from tpu_course import checks, hardware, hlo, pallas_tools
 from tpu_course.checks import NotWritten, ch07
 
-INTERPRET = kernels.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
+INTERPRET = pallas_tools.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
 S = jax.ShapeDtypeStruct
 ch07.LAB
 
@@ -115,7 +115,7 @@ ch07.LAB
 # be inside the kernel (nothing but the `pallas_call` outside), on the K-tiled grid, with
 # a float32 accumulator (it also traces your kernel with bfloat16 inputs). Then it runs
 # it in the TPU interpreter, which fills fresh VMEM with NaN, against `relu(x @ w + b)`.
-# Calling the chapter's `kernels.matmul_ktiled` does not count: the point is the kernel.
+# Calling the chapter's `pallas_tools.matmul_ktiled` does not count: the point is the kernel.
 
 # %%
 def dense_relu(x, w, b, bm, bk, bn, interpret):
@@ -129,7 +129,7 @@ ch07.check_dense_relu(dense_relu)
 # ## Exercise 2: the VMEM it needs (10 min)
 #
 # Write `vmem_footprint(bm, bk, bn, itemsize)`: the bytes of VMEM the chapter's K-tiled
-# matmul (`kernels.matmul_ktiled`: x in `(bm, bk)` blocks, y in `(bk, bn)` blocks, a
+# matmul (`pallas_tools.matmul_ktiled`: x in `(bm, bk)` blocks, y in `(bk, bn)` blocks, a
 # `(bm, bn)` output block and accumulator) takes. Pallas double-buffers each block it
 # copies in or out (x's, y's and the output's) when the block changes from step to step,
 # as all three do here; the accumulator is scratch, float32, and single. (Ignore the
@@ -159,9 +159,9 @@ if ch07.LAB.predicted("Exercise 2"):
                       f"needs the TPU compiler: {problem}")
                 continue
             blocks = dict(bm=bm, bk=bk, bn=bn)
-            v = kernels.compile_verdict(functools.partial(kernels.matmul_ktiled, **blocks),
-                                        S((4096, 4096), jnp.bfloat16),
-                                        S((4096, 4096), jnp.bfloat16))
+            kernel = functools.partial(pallas_tools.matmul_ktiled, **blocks)
+            v = pallas_tools.compile_verdict(kernel, S((4096, 4096), jnp.bfloat16),
+                                             S((4096, 4096), jnp.bfloat16))
             print(f"({bm}, {bk}, {bn}) in bf16: your model {mine:.2f} MiB; {v}")
 
 # %%
@@ -171,7 +171,7 @@ ch07.check_footprint(vmem_footprint)
 # ## Exercise 3: which blocks compile? (15 min)
 #
 # The problem: a bf16 matmul of 4096 x 4096 by 4096 x 4096 with the chapter's K-tiled
-# kernel (`kernels.matmul_ktiled`) on a
+# kernel (`pallas_tools.matmul_ktiled`) on a
 # TPU v5e, whose compiler gives one kernel a **default scoped VMEM limit of 16 MiB**
 # (chapter 7 measured it; `vmem_limit_bytes` would raise it, but not here). For each
 # candidate `(bm, bk, bn)` below, predict the compiler's verdict: `"fits"`,
@@ -202,9 +202,9 @@ if ch07.LAB.predicted("Exercise 3"):
             m, k, n = ch07.PROBLEM
             for name, (bm, bk, bn) in ch07.CANDIDATES.items():
                 blocks = dict(bm=bm, bk=bk, bn=bn)
-                v = kernels.compile_verdict(functools.partial(kernels.matmul_ktiled, **blocks),
-                                            S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
-                                            target=ch07.TARGET)
+                kernel = functools.partial(pallas_tools.matmul_ktiled, **blocks)
+                v = pallas_tools.compile_verdict(kernel, S((m, k), jnp.bfloat16),
+                                                 S((k, n), jnp.bfloat16), target=ch07.TARGET)
                 print(f"{name}: you said {verdicts[name]!r:<12} compiler: {v}")
 
 # %%
@@ -243,9 +243,15 @@ ch07.check_attention_scores(attention_scores)
 # XLA compiles `relu(x @ w + b)` into one fusion too (chapter 4 showed it), so your
 # Exercise 1 kernel has a strong rival. Pick `fast_blocks = (bm, bk, bn)` for a
 # 4096-cube bf16 layer so that your `dense_relu` reaches at least 70 % of the throughput
-# of XLA's own fused layer on this chip (both timed with `tpu_course.bench`). Use the
-# chapter's traffic model (bigger tiles re-read less), the MXU width, and your Exercise 2
-# footprint against the scoped limit. Record your choice before the next cell times it.
+# of XLA's own fused layer on this chip (both timed with `tpu_course.bench`). The blocks
+# that get there depend on the chip: put your blocks' intensity by the chapter's traffic
+# model for the **3-D** K-tiled grid (section 6: x is read again for each column of
+# tiles, w for each row) against this chip's ridge point
+# (`hardware.lookup(rt.device_kind).critical_intensity()`), and your Exercise 2 footprint
+# against its scoped VMEM limit (chapter 7 measured both chips'). A v6e's ridge is more
+# than twice a v5e's: blocks that are compute-bound on a v5e can leave a v6e waiting on
+# HBM, and blocks big enough for a v6e can be too big for a v5e's limit. Record your
+# choice before the next cell times it.
 # Elsewhere the timing is skipped: an interpreter's time says nothing about a TPU (the
 # check still reads your kernel: it must be Exercise 1's Pallas kernel).
 
@@ -259,7 +265,7 @@ ch07.LAB.predict("Exercise 5", fast_blocks)
 # %% tags=["nbval-ignore-output"]
 if ch07.LAB.predicted("Exercise 5"):
     if rt.platform != "tpu":
-        print(f"no timing here: {kernels.where_kernels_run()}")
+        print(f"no timing here: {pallas_tools.where_kernels_run()}")
     else:
         with checks.skip_if_not_written():
             from tpu_course import bench

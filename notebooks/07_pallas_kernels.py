@@ -93,11 +93,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_course import bench, hardware, hlo, kernels, roofline
+from tpu_course import bench, hardware, hlo, pallas_tools, roofline
 
-INTERPRET = kernels.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
+INTERPRET = pallas_tools.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
 AOT = hlo.compile_only_available()  # can this machine compile for a TPU target?
-print(kernels.where_kernels_run())
+print(pallas_tools.where_kernels_run())
 print("TPU compiler here:", "yes" if AOT else f"no: {hlo.tpu_compiler_problem()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "two-days"}
@@ -205,17 +205,17 @@ else:
 #   double-buffered, need $2 \times (1024 \cdot 4096 + 4096 \cdot 1024 + 1024 \cdot 1024)
 #   \times 2$ bytes = 36 MiB.
 #
-# `kernels.compile_verdict` compiles a function for a TPU target and reports the
+# `pallas_tools.compile_verdict` compiles a function for a TPU target and reports the
 # compiler's verdict: *fits*, *misaligned* (Pallas's `ValueError`) or *too big* (the
 # compiler's `RESOURCE_EXHAUSTED ... CompileTimeScopedVmemOom`, with the bytes asked for).
 
 # %% slideshow={"slide_type": "subslide"}
 if AOT:
     odd = (S((400, 1024), jnp.bfloat16), S((1024, 256), jnp.bfloat16))
-    print("bm=100:", kernels.compile_verdict(functools.partial(matmul, bm=100, bn=128), *odd))
+    print("bm=100:", pallas_tools.compile_verdict(functools.partial(matmul, bm=100, bn=128), *odd))
     wide = (S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
     blocks = functools.partial(matmul, bm=1024, bn=1024)
-    print("whole K, 1024 blocks:", kernels.compile_verdict(blocks, *wide, target="v5e:1x1"))
+    print("whole K, 1024 blocks:", pallas_tools.compile_verdict(blocks, *wide, target="v5e:1x1"))
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
@@ -256,16 +256,19 @@ else:
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # 36 MiB is far less than a v5e's 128 MiB of VMEM, yet the compiler refuses: a kernel's
-# buffers must fit the compiler's **scoped VMEM limit**, a default share of VMEM set
-# aside for one kernel (the rest holds what XLA keeps there between ops). We measure
-# that default from the compiler itself: compile a kernel far too big and read the limit
-# from its refusal.
+# buffers must fit the compiler's **scoped VMEM limit**, a default share of VMEM that one
+# kernel may use (libtpu's flag `--xla_tpu_scoped_vmem_limit_kib` sets it for a whole
+# program). We measure that default from the compiler itself: compile a copy kernel too
+# big for it and read the limit from its refusal (`pallas_tools.scoped_vmem_limit` grows
+# the kernel until the compiler refuses it, since how many buffers the compiler counts
+# differs between libtpu builds).
 
 # %% slideshow={"slide_type": "skip"}
 if AOT:
     for target in ("v5e:1x1", "v6e:1x1"):
         chip = hardware.get(target.split(":")[0])
-        print(f"{target}: default scoped VMEM limit {kernels.scoped_vmem_limit(target) / 2**20:.0f}"
+        scoped = pallas_tools.scoped_vmem_limit(target)
+        print(f"{target}: default scoped VMEM limit {scoped / 2**20:.0f}"
               f" MiB of {chip.vmem_bytes / 2**20:.0f} MiB VMEM")
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
@@ -273,19 +276,25 @@ else:
 # %% [markdown] slideshow={"slide_type": "skip"}
 # One kernel can ask for more with `compiler_params=pltpu.CompilerParams(
 # vmem_limit_bytes=...)` (our `matmul` passes it through). Raise it above what the
-# kernel needs (and below the chip's VMEM) and the same blocks compile:
+# kernel needs (and below the chip's VMEM) and the same blocks compile. JAX documents
+# the parameter together with the flag: "this must be used in conjunction with the
+# --xla_tpu_scoped_vmem_limit_kib=N flag with N*1kib > vmem_limit_bytes" (the docstring
+# of `pltpu.CompilerParams`, jax 0.7.2 to 0.12). Here the compiler accepts 64 MiB without
+# the flag, so the compile-only check needs none; on a real chip, if a kernel with a
+# raised limit is refused, set the flag as well (`LIBTPU_INIT_ARGS=
+# "--xla_tpu_scoped_vmem_limit_kib=..."` before jax starts).
 
 # %% slideshow={"slide_type": "subslide"}
 if AOT:
     roomy = functools.partial(matmul, bm=1024, bn=1024, vmem_limit_bytes=64 * 2**20)
     print("whole K, 1024 blocks, 64 MiB limit:",
-          kernels.compile_verdict(roomy, *wide, target="v5e:1x1"))
+          pallas_tools.compile_verdict(roomy, *wide, target="v5e:1x1"))
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# That the blocks fit does not make them a good idea: a kernel holding 36 MiB leaves
-# XLA's other buffers less room, and the real fix for a long $K$ is to tile $K$ too.
+# That the blocks fit does not make them a good idea: 36 MiB of VMEM for one kernel's
+# blocks grows with $K$, and the real fix for a long $K$ is to tile $K$ too.
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "two-days"}
 # ## 4. Tile K too: an accumulator in VMEM
@@ -307,7 +316,7 @@ else:
 # `dimension_semantics` says which axes carry a dependence: section 5.
 
 # %% slideshow={"slide_type": "subslide"}
-# Same code as tpu_course.kernels.ktiled_kernel, tpu_course.kernels.matmul_ktiled
+# Same code as tpu_course.pallas_tools.ktiled_kernel, tpu_course.pallas_tools.matmul_ktiled
 def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
     """One grid step (i, j, k): add x's block (i, k) times y's block (k, j) into a float32
     accumulator that stays in VMEM across the K steps; zero it at the first K step, write
@@ -354,6 +363,18 @@ def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_byte
     )(x, y)
 
 
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# One grid step, drawn from the kernel's own `BlockSpec`s: the block of each operand that
+# step $(i, j, k)$ works on, and what VMEM holds meanwhile. Pallas keeps **two** buffers
+# per block (while the kernel computes on one, the next block's copy lands in the other:
+# the pipeline of section 1), and the accumulator once, for the whole grid.
+
+# %% slideshow={"slide_type": "subslide"}
+# the K-tiled matmul at grid step (1, 2, 1): its blocks in each array, and VMEM's buffers
+pallas_tools.plot_blocks(functools.partial(matmul_ktiled, bm=256, bk=128, bn=256),
+                         jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16), step=(1, 2, 1));
+
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The same numbers as `jnp.dot` in the interpreter, over four K steps and four output
 # blocks (the interpreter fills fresh VMEM with NaN, so a forgotten zeroing would show):
@@ -373,7 +394,7 @@ print(f"grid {(16 // 8, 256 // 128, 512 // 128)}: matches jnp.dot: {err < 1e-3}"
 if AOT:
     tiled = functools.partial(matmul_ktiled, bm=1024, bk=512, bn=1024)
     print("K in 512-blocks, 1024 output blocks:",
-          kernels.compile_verdict(tiled, *wide, target="v5e:1x1"))
+          pallas_tools.compile_verdict(tiled, *wide, target="v5e:1x1"))
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
@@ -486,6 +507,22 @@ for grid, k_tiled in (("2-D", False), ("3-D", True)):
         print(f"{grid} grid, {chip.display_name:>18} (ridge {ridge:5.1f}) FLOP/byte at tiles "
               + ", ".join(line))
 print("(* = compute-bound: at or above the chip's ridge point)")
+
+# %% [markdown] slideshow={"slide_type": "skip"}
+# The model is a claim about the pipeline; the kernel can answer for itself.
+# `pallas_tools.block_copies` walks a kernel's grid in the order the TPU runs it and
+# evaluates its own index maps at every step, counting a copy whenever an operand's block
+# index changes (no kernel runs, so it works here). Both grids, 4096-cubed bf16, 256-wide
+# tiles, against the model:
+
+# %% slideshow={"slide_type": "skip"}
+big_args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
+for grid, fn, k_tiled in (("2-D", functools.partial(matmul, bm=256, bn=256), False),
+                          ("3-D", functools.partial(matmul_ktiled, bm=256, bk=256, bn=256), True)):
+    schedule = pallas_tools.block_copies(fn, *big_args)
+    print(f"{grid} grid: " + "; ".join(f"{r.operand} copied {r.copies:,}x" for r in schedule))
+    print(f"   {sum(r.bytes for r in schedule) / 2**20:,.0f} MiB moved; the model says "
+          f"{kernel_hbm_bytes(m, k, n, 256, 256, 2, k_tiled) / 2**20:,.0f} MiB")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # On the 2-D grid the intensity is about $2 b_m$ FLOP per element moved when K and N are
@@ -669,7 +706,7 @@ def online_vmem(bq, bk, d, itemsize):
 
 
 v5e = hardware.get("v5e")
-limit = kernels.scoped_vmem_limit("v5e:1x1") if AOT else None
+limit = pallas_tools.scoped_vmem_limit("v5e:1x1") if AOT else None
 print(f"against a v5e core's {v5e.vmem_bytes / 2**20:.0f} MiB of VMEM"
       + (f" and the compiler's default {limit / 2**20:.0f} MiB scoped limit" if limit else ""))
 for lk in (1024, 4096, 16384, 65536, 262144):
@@ -709,8 +746,8 @@ if AOT:
         return S((1024, 128), jnp.bfloat16), S((lk, 128), jnp.bfloat16), S((lk, 128), jnp.bfloat16)
 
     print(f"whole row, Lk 16384 (model {whole_row_vmem(256, 16384, 128, 2) / 2**20:.2f} MiB):",
-          kernels.compile_verdict(whole_row_attention, *qkv(16384)))
-    print("online, Lk 262144:", kernels.compile_verdict(
+          pallas_tools.compile_verdict(whole_row_attention, *qkv(16384)))
+    print("online, Lk 262144:", pallas_tools.compile_verdict(
         functools.partial(flash_attention, bq=256, bk=512), *qkv(262144)))
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
@@ -783,7 +820,9 @@ print(f"gradient matches jax.grad of jax.nn.softmax: {float(jnp.abs(mine - xla).
 # older than Ampere, and without bf16 arithmetic) runs no Pallas GPU kernel at all. What
 # differs on a GPU: the grid's steps run in parallel on the SMs (no sequential steps whose
 # scratch carries over, so a K loop lives inside the kernel), shared memory per SM is far
-# smaller than a TPU core's VMEM (`hardware.get("h100").vmem_bytes` is 256 KiB), and block
+# smaller than a TPU core's VMEM (`hardware.get("h100").vmem_bytes`: 228 KiB, carved from
+# a 256 KiB pool shared with the L1 cache; A100 164 of 192, T4 64 of 96; NVIDIA's CUDA
+# tuning guides for Hopper, Ampere and Turing), and block
 # shapes follow the GPU's rules, not (8, 128). This chapter's kernels are TPU kernels:
 # on a GPU runtime they run in the TPU interpreter, like on a CPU.
 #

@@ -15,7 +15,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_course import checks, hlo, kernels
+from tpu_course import checks, hlo, pallas_tools
 from tpu_course.checks import NotWritten, _core, ch07
 from tpu_course.checks._answers import ch07 as answers
 
@@ -213,7 +213,7 @@ def fixed_blocks(x, w, b, bm, bk, bn, interpret):
 def test_registry():
     lab = ch07.LAB
     assert len(lab.exercises) == 5
-    assert {"transfer", "predict"} <= {e.kind for e in lab.exercises}
+    assert {"apply", "predict"} <= {e.kind for e in lab.exercises}
     assert [e.needs for e in lab.exercises] == ["cpu", "cpu", "tpu-compiler", "cpu", "tpu-chip"]
     assert [e.names for e in lab.exercises] == [
         ("dense_relu",), ("vmem_footprint",), ("verdicts",), ("attention_scores",),
@@ -306,7 +306,7 @@ def test_dense_relu_mistakes_are_named(what, answer, message, hint):
     answers.dense_relu_reference,
     lambda *a: answers.dense_relu_reference(*a),
     lambda *a: honest_dense(*a, kernel=answers.dense_relu_kernel),
-    lambda x, w, b, bm, bk, bn, i: jax.nn.relu(kernels.matmul_ktiled(x, w, bm, bk, bn, i) + b),
+    lambda x, w, b, bm, bk, bn, i: jax.nn.relu(pallas_tools.matmul_ktiled(x, w, bm, bk, bn, i) + b),
     lambda x, w, b, *a: answers.dense_relu_xla(x, w, b)])
 def test_dense_relu_refuses_the_courses_code(answer):
     r = ch07.check_dense_relu(answer)
@@ -533,7 +533,7 @@ def test_fast_needs_a_pallas_kernel_before_any_timing(reachable):
     r = reachable(into_output, (512, 512, 512))
     assert not r and "bfloat16" in r.message
     for course in (answers.dense_relu_reference, lambda x, w, b, *a: jax.nn.relu(
-            kernels.matmul_ktiled(x, w, *a) + b)):
+            pallas_tools.matmul_ktiled(x, w, *a) + b)):
         r = reachable(course, (512, 512, 512))
         assert not r and "course's own function" in r.message
     assert "divide" in reachable(honest_dense, (512, 500, 512)).message
@@ -551,3 +551,21 @@ def test_fast_grades_the_locked_prediction(reachable, capsys):
 def test_scorecard_of_an_empty_namespace():
     total = ch07.LAB.scorecard({}).total()
     assert total.startswith("Lab 7: 0 of ")
+
+
+def test_fast_blocks_depend_on_the_chip_by_the_chapters_model():
+    """Lab 7 Ex 5's choice, by chapter 7's 3-D traffic model: (512, 1024, 1024) is
+    compute-bound on a v5e and HBM-bound on a v6e (ridge 560), where (1024, 512, 2048) is
+    compute-bound but needs 22 MiB of VMEM: over a v5e's 16 MiB scoped limit, under a v6e's
+    32 MiB (the limits chapter 7 measures: tests/test_pallas_tools.py)."""
+    from tpu_course import hardware
+
+    m, k, n = ch07.FAST_PROBLEM
+    narrow, wide = (512, 1024, 1024), (1024, 512, 2048)
+    for (bm, bk, bn) in (narrow, wide):  # the model against the bytes counted by hand
+        moved = (m * k * (n // bn) + k * n * (m // bm) + m * n) * 2
+        assert ch07._ktiled_intensity((bm, bk, bn)) == pytest.approx(2 * m * k * n / moved)
+    v5e, v6e = (hardware.get(c).critical_intensity() for c in ("v5e", "v6e"))
+    assert v5e < ch07._ktiled_intensity(narrow) < v6e < ch07._ktiled_intensity(wide)
+    assert 16 * 2**20 < answers.footprint(*wide, 2) <= 32 * 2**20
+    assert answers.footprint(*narrow, 2) <= 16 * 2**20

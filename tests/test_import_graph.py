@@ -157,6 +157,16 @@ def test_a_module_that_moved_into_a_package_names_its_new_home(old, home):
     assert importlib.import_module(home).__name__ == home
 
 
+def test_a_renamed_module_says_its_new_name():
+    """``kernels`` held no kernels: it is ``pallas_tools`` (the Pallas helpers) now, and a
+    saved notebook's ``kernels.compile_verdict`` is told what to write instead."""
+    with pytest.raises(ImportError, match=r"tpu_course\.kernels moved to tpu_course\."
+                                          r"pallas_tools: use `from tpu_course import "
+                                          r"pallas_tools`, then pallas_tools\.X"):
+        exec("from tpu_course import kernels", {})
+    assert "kernels" not in tpu_course._SUBMODULES
+
+
 def test_no_module_uses_another_modules_private_names():
     """``models._widths`` from ``train.config`` was one: a name used across modules is
     public (within one package, such as ``checks`` with its ``_core`` and ``_answers``, the

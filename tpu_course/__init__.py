@@ -63,17 +63,18 @@ def jax_floor() -> str:
 _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "plans", "costs", "runtime",
     "data", "hlo", "bench", "transfer", "models", "train", "parallel", "multihost", "parity",
-    "kernels", "viz", "tables", "checks", "preflight", "grade",
+    "pallas_tools", "viz", "tables", "checks", "preflight", "grade",
 )
 
-#: Modules that moved into a package: the old name raises an error naming the new home
-#: (it never serves the old name), so a learner's saved notebook says what to write.
+#: Modules that moved (into a package, or to a name that says what they hold): the old name
+#: raises an error naming the new home (it never serves the old name), so a learner's saved
+#: notebook says what to write.
 MOVED = {
     "train_step": "tpu_course.train.step", "pipelines": "tpu_course.train.pipelines",
     "evaluation": "tpu_course.train.evaluation", "train_config": "tpu_course.train.config",
     "history": "tpu_course.train.history", "checkpoints": "tpu_course.train.checkpoints",
     "train_cli": "tpu_course.train.__main__", "aot": "tpu_course.hlo.aot",
-    "hlo_text": "tpu_course.hlo.text",
+    "hlo_text": "tpu_course.hlo.text", "kernels": "tpu_course.pallas_tools",
 }
 
 
@@ -82,6 +83,9 @@ def _moved_message(name: str) -> str:
     package = home.split(".")[1]
     if name == "train_cli":
         how = "run `python -m tpu_course.train` (or call tpu_course.train.fit)"
+    elif home.count(".") == 1:  # renamed, not moved into a package
+        how = (f"use `from tpu_course import {package}`, then {package}.X (the same names: "
+               f"{name}.X is now {package}.X)")
     else:
         part = home.split(".")[2]
         how = (f"use `from tpu_course import {package}`, then {package}.{part}.X (the names "

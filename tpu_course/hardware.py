@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import textwrap
 from typing import Mapping, NoReturn
 
 from tpu_course import errors, tables
@@ -77,6 +78,11 @@ SOURCES: Mapping[str, str] = {
     "regions, as of 2026-11-30. UNVERIFIED: the course's search corpus holds no copy of the "
     "page with per-chip prices; these are the list prices last published there as remembered "
     "by the author. Check the page before quoting them.",
+    "S22": "NVIDIA's CUDA tuning guides, section 'Unified Shared Memory/L1/Texture Cache': "
+    "Hopper (docs.nvidia.com/cuda/hopper-tuning-guide: 256 KB of combined L1 and shared "
+    "memory per SM, of which up to 228 KB shared), NVIDIA Ampere (ampere-tuning-guide: A100 "
+    "192 KB combined, shared up to 164 KB), Turing (turing-tuning-guide: 96 KB unified, "
+    "shared 64 KB). KB here is 1024 bytes: CUDA's sharedMemPerMultiprocessor reports them so",
     "NV": "NVIDIA datasheets (A100: 19.5 TFLOP/s FP32; H100/H200 SXM: 67 TFLOP/s FP32; "
     "T4: 8.1 TFLOP/s FP32)",
 }
@@ -160,7 +166,8 @@ class Chip:
     wraparound: Wraparound  # when an ICI axis closes into a ring
     dcn_bytes_per_s: float | None  # data-centre network, per chip
     chips_per_host: int | None
-    vmem_bytes: float | None  # per core (GPU: shared memory per SM)
+    vmem_bytes: float | None  # per core (GPU: the most shared memory one SM can have, not
+    # the combined L1 + shared pool it is carved from)
     device_kinds: tuple[str, ...]  # what jax.devices()[0].device_kind reports
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     alt_values: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -471,12 +478,12 @@ CHIPS: Mapping[str, Chip] = {
             wraparound=Wraparound("none", note="PCIe only"),  # S17
             dcn_bytes_per_s=None,
             chips_per_host=1,
-            vmem_bytes=64 * 2**10,  # L1/shared per SM, S17
+            vmem_bytes=64 * 2**10,  # shared memory per SM, of a 96 KB L1 + shared pool, S22
             device_kinds=("Tesla T4", "NVIDIA T4"),
             sources={"peak_bf16_flops_per_s": "S15 (none: no bf16 support)",
                      "peak_fp16_flops_per_s": "S17 (secondary)", "hbm_bytes_per_s": "S17",
                      "peak_fp32_flops_per_s": "NV",
-                     "hbm_bytes": "S17", "ici_topology": "S17", "wraparound": "S17", "vmem_bytes": "S17", "hbm_unit": "S17",
+                     "hbm_bytes": "S17", "ici_topology": "S17", "wraparound": "S17", "vmem_bytes": "S22", "hbm_unit": "S17",
                      "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device",
                      "chips_per_host": "S18 (Colab: one T4 per VM)"},
             peak_fp16_flops_per_s=65e12,  # fp16 tensor-core peak, S17 (secondary)
@@ -496,14 +503,15 @@ CHIPS: Mapping[str, Chip] = {
             wraparound=Wraparound("switched"),  # NVSwitch, S11
             dcn_bytes_per_s=None,
             chips_per_host=8,  # S11
-            vmem_bytes=192 * 2**10,  # SMEM per SM, S11
+            vmem_bytes=164 * 2**10,  # shared memory per SM, of the 192 KB L1 + shared pool, S22
             device_kinds=("NVIDIA A100-SXM4-80GB",),  # the PCIe card is not this row
             sources={"peak_bf16_flops_per_s": "S11 S19", "hbm_bytes_per_s": "S19",
                      "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV",
                      "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)",
-                     "hbm_bytes": "S11", "ici_link_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "chips_per_host": "S11", "vmem_bytes": "S11", "hbm_unit": "S11",
+                     "hbm_bytes": "S11", "ici_link_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "chips_per_host": "S11", "vmem_bytes": "S22", "hbm_unit": "S11",
                      "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device"},
-            alt_values={"hbm_bytes_per_s": "2.0e12 (S11)"},
+            alt_values={"hbm_bytes_per_s": "2.0e12 (S11)",
+                        "vmem_bytes": "192 kB SMEM/SM (S11): the combined L1 + shared pool (S22)"},
             peak_fp16_flops_per_s=312e12,  # dense, same as bf16, S11
             hbm_unit="GB",  # "80GB", S11
         ),
@@ -521,14 +529,15 @@ CHIPS: Mapping[str, Chip] = {
             wraparound=Wraparound("switched"),  # NVSwitch, S11
             dcn_bytes_per_s=50e9,  # ~400 GB/s node egress / 8 GPUs, S11
             chips_per_host=8,  # S11
-            vmem_bytes=256 * 2**10,  # SMEM per SM, S11
+            vmem_bytes=228 * 2**10,  # shared memory per SM, of the 256 KB L1 + shared pool, S22
             device_kinds=("NVIDIA H100 80GB HBM3", "NVIDIA H100", "NVIDIA H100 SXM"),
             sources={"peak_bf16_flops_per_s": "S19 S11", "hbm_bytes_per_s": "S11",
                      "ici_bytes_per_s": "S11", "peak_fp32_flops_per_s": "NV",
                      "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)",
-                     "hbm_bytes": "S11", "ici_link_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "dcn_bytes_per_s": "S11", "chips_per_host": "S11", "vmem_bytes": "S11", "hbm_unit": "S11",
+                     "hbm_bytes": "S11", "ici_link_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "dcn_bytes_per_s": "S11", "chips_per_host": "S11", "vmem_bytes": "S22", "hbm_unit": "S11",
                      "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device"},
-            alt_values={"peak_bf16_flops_per_s": "990e12 (S11)"},
+            alt_values={"peak_bf16_flops_per_s": "990e12 (S11)",
+                        "vmem_bytes": "256 kB SMEM/SM (S11): the combined L1 + shared pool (S22)"},
             peak_fp16_flops_per_s=989e12,  # dense, same as bf16, S11 S19
             hbm_unit="GB",  # "80GB", S11
         ),
@@ -546,11 +555,11 @@ CHIPS: Mapping[str, Chip] = {
             wraparound=Wraparound("switched"),  # NVSwitch, S11
             dcn_bytes_per_s=50e9,  # as H100, S11
             chips_per_host=8,  # S11
-            vmem_bytes=256 * 2**10,  # S11
+            vmem_bytes=228 * 2**10,  # the H100's SM: 228 KB shared of a 256 KB pool, S22 S11
             device_kinds=("NVIDIA H200",),  # the SXM module; the NVL card is not this row
             sources={"peak_bf16_flops_per_s": "S11", "hbm_bytes": "S11", "hbm_bytes_per_s": "S11",
                      "peak_fp32_flops_per_s": "NV", "peak_fp16_flops_per_s": "S11 (bf16/fp16 column)",
-                     "ici_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "dcn_bytes_per_s": "S11", "chips_per_host": "S11", "vmem_bytes": "S11", "hbm_unit": "S11",
+                     "ici_bytes_per_s": "S11", "ici_topology": "S11", "wraparound": "S11", "dcn_bytes_per_s": "S11", "chips_per_host": "S11", "vmem_bytes": "S22 S11 (same SM as the H100)", "hbm_unit": "S11",
                      "ici_link_bytes_per_s": "S11",
                      "tensorcores_per_chip": "definition: a GPU is one device", "devices_per_chip": "definition: a GPU is one device"},
             peak_fp16_flops_per_s=989e12,  # dense, same as bf16, S11
@@ -698,7 +707,8 @@ def table(chip_names: list[str] | None = None) -> str:
     v5e            197   16 GB       819  4 x 128              241
     v5p            459  95 GiB     2,765  8 x 128              166
     t4         no bf16   16 GB       320        -  203 (fp16 peak)
-    note: v5e HBM: Cloud pages have printed both 16 GB and 16 GiB; JAX stores 17.2e9 B (S1); this table keeps 16 GB (S5)
+    note: v5e HBM: Cloud pages have printed both 16 GB and 16 GiB; JAX stores 17.2e9 B (S1);
+      this table keeps 16 GB (S5)
     """
     rows = [("----", "------------", "---", "--------", "----", "---------")]
     notes = []
@@ -717,7 +727,8 @@ def table(chip_names: list[str] | None = None) -> str:
                      if c.peak_fp16_flops_per_s is not None else "-")
         rows.append((c.name, peak, c.hbm_label, f"{c.hbm_bytes_per_s / 1e9:,.0f}", mxu, ridge))
         if "hbm_unit" in c.alt_values:
-            notes.append(f"note: {c.name} HBM: {c.alt_values['hbm_unit']}")
+            notes += textwrap.wrap(f"note: {c.name} HBM: {c.alt_values['hbm_unit']}", 88,
+                                   subsequent_indent="  ")  # a notebook's code column
     header = ("chip", "bf16 TFLOP/s", "HBM", "HBM GB/s", "MXUs", "FLOP/byte")
     return "\n".join([tables.text(rows, header, right=True), *notes])
 

@@ -5,7 +5,7 @@ traced (``jax.make_jaxpr``, no compiler needed) and the checker reads the progra
 work must happen inside the ``pallas_call`` (its kernel body holds the matmul, the
 softmax), on the grid the exercise asks for, with the compiler parameters and the
 accumulator dtype it asks for. Their numbers: Pallas's TPU interpreter on any runtime
-(:func:`tpu_course.kernels.interpret_mode`). Where the TPU compiler is installed (``libtpu``,
+(:func:`tpu_course.pallas_tools.interpret_mode`). Where the TPU compiler is installed (``libtpu``,
 see :func:`tpu_course.hlo.tpu_compiler_problem`) it also grades their blocks and the HLO
 they produce, and on a real TPU their time against XLA's own fused layer
 (:mod:`tpu_course.bench`).
@@ -20,7 +20,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterator, Mapping
 
-from tpu_course import kernels
+from tpu_course import pallas_tools
 from tpu_course.checks._answers import ch07 as _answers
 from tpu_course.checks._core import (
     CheckResult, Lab, as_number, ok, refuse, refuse_course_code, skipped,
@@ -51,7 +51,7 @@ SCORES_COMPILED = ((1024, 2048, 128), 256)
 FAST_PROBLEM = (4096, 4096, 4096)
 FAST_FRACTION = 0.7
 
-_VERDICTS = (kernels.FITS, kernels.MISALIGNED, kernels.TOO_BIG)
+_VERDICTS = (pallas_tools.FITS, pallas_tools.MISALIGNED, pallas_tools.TOO_BIG)
 _INDEX_MAPS = ("check the index maps: step (i, j, k) needs x's block (i, k), w's block "
                "(k, j), the bias's block (0, j), and writes the output's block (i, j)")
 
@@ -435,7 +435,7 @@ def _hidden_dense(rng: Any) -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
-@LAB.exercise(EX1, minutes=25, kind="transfer", hidden=_hidden_dense)
+@LAB.exercise(EX1, minutes=25, kind="apply", hidden=_hidden_dense)
 def check_dense_relu(dense_relu: Callable[..., Any], cases: Any = DENSE_CASES,
                      seed: int = 0) -> CheckResult:
     """``dense_relu(x, w, b, bm, bk, bn, interpret)``: traced, one pallas_call whose kernel
@@ -448,8 +448,8 @@ def check_dense_relu(dense_relu: Callable[..., Any], cases: Any = DENSE_CASES,
 
     refuse_course_code(EX1, dense_relu, _answers.dense_relu_reference,
                        _answers.dense_relu_kernel, _answers.dense_relu_xla,
-                       kernels.matmul_ktiled, kernels.ktiled_kernel)
-    interpret = kernels.interpret_mode("cpu")
+                       pallas_tools.matmul_ktiled, pallas_tools.ktiled_kernel)
+    interpret = pallas_tools.interpret_mode("cpu")
     for (m, k, n), blocks in cases:
         x, w, b = _dense_inputs(m, k, n, seed)
         case = f"[{m},{k}] @ [{k},{n}] + b with blocks (bm, bk, bn) = {tuple(blocks)}"
@@ -549,9 +549,9 @@ def check_footprint(vmem_footprint: Callable[[int, int, int, int], Any],
 
 def _normal_verdict(value: Any) -> str | None:
     text = str(value).strip().lower().replace("_", " ").replace("-", " ")
-    aliases = {"fits": kernels.FITS, "fit": kernels.FITS, "ok": kernels.FITS,
-               "legal": kernels.FITS, "misaligned": kernels.MISALIGNED,
-               "too big": kernels.TOO_BIG, "oom": kernels.TOO_BIG}
+    aliases = {"fits": pallas_tools.FITS, "fit": pallas_tools.FITS, "ok": pallas_tools.FITS,
+               "legal": pallas_tools.FITS, "misaligned": pallas_tools.MISALIGNED,
+               "too big": pallas_tools.TOO_BIG, "oom": pallas_tools.TOO_BIG}
     return aliases.get(text) if isinstance(value, str) else None
 
 
@@ -566,7 +566,7 @@ def check_verdicts(verdicts: Any) -> CheckResult:
     if missing:
         refuse(EX3, f"no verdict for candidate(s) {', '.join(missing)}",
                hint="give every candidate a verdict")
-    limit = kernels.scoped_vmem_limit(TARGET) / 2**20
+    limit = pallas_tools.scoped_vmem_limit(TARGET) / 2**20
     wrong: dict[tuple[str, str], list[str]] = {}
     lines = []
     for name, blocks in CANDIDATES.items():
@@ -584,17 +584,17 @@ def check_verdicts(verdicts: Any) -> CheckResult:
     answer = f"scoped VMEM limit {limit:.0f} MiB on {TARGET}; " + "; ".join(lines)
     if wrong:
         hints = []
-        if any(true == kernels.MISALIGNED for _, true in wrong):
+        if any(true == pallas_tools.MISALIGNED for _, true in wrong):
             hints.append("a block is misaligned when one of its last two dims (x: bm, bk; "
                          "y: bk, bn; out: bm, bn) is not a multiple of 8 (second to last) and "
                          "128 (last), whatever its size")
-        if any(said == kernels.MISALIGNED for said, _ in wrong):
+        if any(said == pallas_tools.MISALIGNED for said, _ in wrong):
             hints.append("a dim that is a multiple of 8 (second to last) or 128 (last) is "
                          "aligned, however large")
-        if (kernels.FITS, kernels.TOO_BIG) in wrong:
+        if (pallas_tools.FITS, pallas_tools.TOO_BIG) in wrong:
             hints.append("every block is double-buffered: count your vmem_footprint against "
                          f"the {limit:.0f} MiB scoped limit, not the chip's whole VMEM")
-        if (kernels.TOO_BIG, kernels.FITS) in wrong:
+        if (pallas_tools.TOO_BIG, pallas_tools.FITS) in wrong:
             hints.append(f"a footprint up to the {limit:.0f} MiB scoped limit fits")
         names = sorted(n for group in wrong.values() for n in group)
         refuse(EX3, f"{len(names)} of {len(CANDIDATES)} verdicts differ from the compiler's: "
@@ -718,7 +718,7 @@ def _hidden_scores(rng: Any) -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
-@LAB.exercise(EX4, minutes=25, kind="transfer", hidden=_hidden_scores)
+@LAB.exercise(EX4, minutes=25, kind="apply", hidden=_hidden_scores)
 def check_attention_scores(attention_scores: Callable[..., Any], cases: Any = SCORES_CASES,
                            compiled: bool = True, seed: int = 1) -> CheckResult:
     """``attention_scores(q, k, bq, interpret)``: traced, one pallas_call holding the matmul
@@ -729,7 +729,7 @@ def check_attention_scores(attention_scores: Callable[..., Any], cases: Any = SC
 
     refuse_course_code(EX4, attention_scores, _answers.attention_scores_reference,
                        _answers.scores_reference)
-    interpret = kernels.interpret_mode("cpu")
+    interpret = pallas_tools.interpret_mode("cpu")
     arrays = []
     for (lq, lk, d), bq in cases:
         q, k = _arrays((lq, d), (lk, d), seed=seed)
@@ -779,6 +779,22 @@ def _fast_blocks(fast_blocks: Any) -> tuple[int, int, int]:
     return blocks  # type: ignore[return-value]
 
 
+def _ktiled_intensity(blocks: tuple[int, int, int], problem: tuple[int, int, int] = FAST_PROBLEM,
+                     itemsize: int = 2) -> float:
+    """FLOP per HBM byte of the K-tiled matmul by chapter 7's traffic model for the 3-D grid
+    (section 6): x is read once per column of tiles (N / bn), w once per row (M / bm), the
+    output written once. Exercise 5's hint sets it against the chip's ridge point.
+
+    >>> round(_ktiled_intensity((512, 1024, 1024)), 1)
+    315.1
+    >>> round(_ktiled_intensity((1024, 512, 2048)), 1)
+    585.1
+    """
+    (m, k, n), (bm, _, bn) = problem, blocks
+    moved = (m * k * (n // bn) + k * n * (m // bm) + m * n) * itemsize
+    return 2 * m * k * n / moved
+
+
 @LAB.exercise(EX5, minutes=15, needs="tpu-chip", kind="predict",
               predicts=("fast_blocks",))
 def check_fast(dense_relu: Callable[..., Any], fast_blocks: Any,
@@ -796,7 +812,7 @@ def check_fast(dense_relu: Callable[..., Any], fast_blocks: Any,
 
     refuse_course_code(EX5, dense_relu, _answers.dense_relu_reference,
                        _answers.dense_relu_kernel, _answers.dense_relu_xla,
-                       kernels.matmul_ktiled, kernels.ktiled_kernel)
+                       pallas_tools.matmul_ktiled, pallas_tools.ktiled_kernel)
     blocks = _fast_blocks(fast_blocks)
     m, k, n = FAST_PROBLEM
     S = jax.ShapeDtypeStruct
@@ -829,8 +845,18 @@ def check_fast(dense_relu: Callable[..., Any], fast_blocks: Any,
             f"{ref.median_s * 1e3:.3f} ms on {runtime.describe().device_kind}: {ratio:.0%} of "
             "its throughput")
     if ratio < fraction:
+        from tpu_course import hardware
+
+        chip = hardware.lookup(runtime.describe().device_kind)
+        model = ""
+        if chip is not None and chip.peak_bf16_flops_per_s:
+            ai, ridge = _ktiled_intensity(blocks), chip.critical_intensity()
+            model = (f"by chapter 7's 3-D traffic model your blocks do {ai:.0f} FLOP per HBM "
+                     f"byte against this {chip.display_name}'s ridge of {ridge:.0f}"
+                     + (f": HBM-bound, at most {ai / ridge:.0%} of its peak; " if ai < ridge
+                        else ": compute-bound by the model; "))
         refuse(EX5, text + f" (the goal is {fraction:.0%})",
-               hint="bigger blocks re-read less of x and w from HBM (the chapter's traffic "
-                    "model); keep them multiples of the MXU width and inside the scoped VMEM "
-                    "limit (Exercise 2's footprint)")
+               hint=model + "bigger blocks re-read less of x and w from HBM (x once per column "
+                    "of tiles, w once per row); keep them multiples of the MXU width and "
+                    "inside this chip's scoped VMEM limit (Exercise 2's footprint)")
     return ok(EX5, text)

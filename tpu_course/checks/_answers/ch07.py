@@ -76,19 +76,19 @@ def footprint(bm: int, bk: int, bn: int, itemsize: int) -> int:
 def candidate_verdict(blocks: tuple[int, int, int], problem: tuple[int, int, int],
                       target: str) -> Any:
     """Exercise 3: the TPU compiler's verdict on the chapter's K-tiled kernel
-    (:func:`tpu_course.kernels.matmul_ktiled`) with ``blocks`` for ``problem`` in bf16
+    (:func:`tpu_course.pallas_tools.matmul_ktiled`) with ``blocks`` for ``problem`` in bf16
     (cached)."""
     import jax
     import jax.numpy as jnp
 
-    from tpu_course import kernels
+    from tpu_course import pallas_tools
 
     bm, bk, bn = blocks
     m, k, n = problem
-    fn = functools.partial(kernels.matmul_ktiled, bm=bm, bk=bk, bn=bn)
+    fn = functools.partial(pallas_tools.matmul_ktiled, bm=bm, bk=bk, bn=bn)
     S = jax.ShapeDtypeStruct
-    return kernels.compile_verdict(fn, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
-                                   target=target)
+    return pallas_tools.compile_verdict(fn, S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16),
+                                        target=target)
 
 
 def scores_reference(q: Any, k: Any) -> Any:
