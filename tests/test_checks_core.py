@@ -8,10 +8,13 @@ import ast
 import functools
 import pathlib
 
+import re
+
 import jax
+import numpy as np
 import pytest
 
-from tpu_course import checks, systolic
+from tpu_course import checks, errors, systolic
 from tpu_course.checks import _core
 from tpu_course.checks._core import (
     CheckResult, Lab, NotWritten, Verdict, as_number, course_code_used, fail, ok, refuse,
@@ -128,7 +131,59 @@ def test_reveal_is_keyed_by_lab_case_insensitive_and_waits_for_an_attempt(capsys
     assert "you passed" in checks.reveal(1)
     assert "double(3) = 6" in checks.reveal("Exercise 1", lab=92)
     assert "double(3) = 6" in one.reveal("Exercise 1 (double it)")
-    assert "not been checked" in checks.reveal("Exercise 10")  # not a prefix match
+    # not a prefix match of Exercise 1; and no open lab has an Exercise 10
+    assert "no lab open in this kernel has an exercise 'Exercise 10'" in checks.reveal(
+        "Exercise 10")
+
+
+def test_reveal_says_when_no_lab_has_that_exercise(capsys):
+    lab = toy_lab(97)
+    text = checks.reveal("Exercise 9")
+    assert "no lab open in this kernel has an exercise 'Exercise 9'" in text
+    assert "lab 97 has Exercise 1 to 2" in text and "not been checked" not in text
+    assert "lab 97 has no exercise 'Exercise 3'" in checks.reveal("Exercise 3", lab=97)
+    assert "reveal(None): name an exercise by its number or title" in checks.reveal(None)
+    assert "not been checked" in lab.reveal("Exercise 2")  # it exists: no attempt yet
+
+
+@pytest.mark.parametrize("number, want", [(1, 1), ("1", 1), (" 3 ", 3), (np.int64(2), 2)])
+def test_lab_takes_the_number_also_as_text(number, want):
+    assert checks.lab(number).number == want
+
+
+@pytest.mark.parametrize("number, message", [
+    ("one", "Pass the lab's number, e.g. checks.lab(1)"), (1.0, "Pass the lab's number"),
+    (True, "Pass the lab's number"), (9, "the labs are 1 to 7"), ("0", "there is no lab '0'"),
+])
+def test_lab_refuses_what_is_no_lab_by_name(number, message):
+    with pytest.raises(errors.CourseValueError, match=re.escape(message)):
+        checks.lab(number)
+
+
+class _RaisingFloat:
+    def __float__(self):
+        raise RuntimeError("my __float__ is broken")
+
+
+@pytest.mark.parametrize("value, said", [
+    (b"5", "you gave the bytes b'5'"),
+    (bytearray(b"5"), "you gave the bytes"),
+    (np.array(["5"]), "you gave the string '5' (inside a ndarray)"),
+    (np.array("256"), "you gave the string '256'"),
+    (np.array([b"5"]), "you gave the bytes b'5'"),
+    pytest.param(10 ** 400, "too large for a float", id="10**400"),
+    (_RaisingFloat(), "raised RuntimeError: my __float__ is broken"),
+])
+def test_as_number_refuses_text_and_what_cannot_be_a_float(value, said):
+    with pytest.raises(Verdict) as stop:
+        as_number("Exercise 1 (x)", value, "the count")
+    assert stop.value.result.status == "failed"
+    assert said in stop.value.result.message, stop.value.result.message
+
+
+def test_as_number_still_takes_numbers_in_any_clothes():
+    assert [as_number("E", v, "x") for v in (3, 2.5, np.float32(1.5), np.array([4]),
+                                             np.int64(7), np.array(2.0))] == [3, 2.5, 1.5, 4, 7, 2]
 
 
 def test_a_prediction_is_locked_once_the_measurement_is_shown(capsys):

@@ -218,3 +218,38 @@ def test_a_bad_idx_header_names_the_file(tmp_path, monkeypatch):
     raw = bytes([0, 0, 0x42, 1, 0, 0, 0, 3, 1, 2, 3])  # unknown element type 0x42
     with pytest.raises(data.DataError, match="x-idx1-ubyte.gz: not an IDX file"):
         data._parse(tmp_path / spec.name, raw)
+
+
+@pytest.mark.parametrize("kind", ["a file", "missing"])
+def test_a_data_path_that_is_no_folder_says_what_it_is(tmp_path, monkeypatch, kind):
+    target = tmp_path / "mnist"
+    if kind == "a file":
+        target.write_bytes(b"not a folder")
+    monkeypatch.setenv("TPU_COURSE_DATA", str(target))
+    with pytest.raises(data.MissingDataError) as err:
+        data.load_mnist()
+    msg = str(err.value)
+    said = "is a file, not a folder" if kind == "a file" else "does not exist"
+    assert f"In TPU_COURSE_DATA, {target} {said}." in msg, msg
+    assert "no .gz files" not in msg  # there is no folder to hold any
+
+
+def test_a_failed_download_lists_each_mirror_once_with_its_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("TPU_COURSE_DATA", raising=False)
+    monkeypatch.setenv("TPU_COURSE_CACHE", str(tmp_path))
+    monkeypatch.setattr(data.time, "sleep", lambda s: None)
+
+    def refuse(url, timeout):
+        raise OSError(f"no route to {url.split('/')[2]}")
+
+    monkeypatch.setattr(data.urllib.request, "urlopen", refuse)
+    spec = data.MNIST_FILES["train_labels"]
+    with pytest.raises(data.DataError) as err:
+        data._download(spec, data.MNIST_MIRRORS, tmp_path / "mnist" / spec.name, retries=3)
+    lines = str(err.value).splitlines()
+    listed = [line.strip() for line in lines if line.startswith("  ")]
+    assert len(listed) == len(data.MNIST_MIRRORS), str(err.value)  # each once, in order
+    for mirror, line in zip(data.MNIST_MIRRORS, listed):
+        host = mirror.split("/")[2]
+        assert line == f"{mirror}{spec.name}: no route to {host} (3 attempts)"
+    assert not list((tmp_path / "mnist").glob("*.part"))

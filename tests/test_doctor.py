@@ -107,3 +107,32 @@ def test_describe_refuses_a_bad_xla_flag_before_xla_kills_the_process():
     assert proc.returncode == 0, proc.stderr
     assert "REFUSED XLA_FLAGS=" in proc.stdout
     assert "Unknown flag in XLA_FLAGS: --not_a_flag=1" in proc.stdout
+
+
+@pytest.mark.parametrize("value", ["abc", "-4"])
+def test_doctor_names_a_device_count_xla_cannot_read(value):
+    flags = f"--xla_force_host_platform_device_count={value}"
+    proc = _doctor(XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    _no_traceback(proc)
+    assert proc.returncode == 1
+    assert f"XLA_FLAGS holds {flags}: the CPU device count must be a whole number" in proc.stdout
+    assert "Flags:" not in proc.stdout + proc.stderr  # not XLA's flag help
+    assert "vector::reserve" not in proc.stdout + proc.stderr
+
+
+def test_doctor_quotes_the_line_that_names_a_bad_flag_value():
+    """XLA follows its reason with 90 lines of flag help; the doctor quotes the reason."""
+    proc = _doctor(XLA_FLAGS="--xla_cpu_use_thunk_runtime=maybe", JAX_PLATFORMS="cpu")
+    _no_traceback(proc)
+    assert proc.returncode == 1
+    assert ("XLA refuses XLA_FLAGS (Couldn't interpret value maybe for flag "
+            "xla_cpu_use_thunk_runtime.)") in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("n", ["0", "-3", "eight"])
+def test_doctor_simulate_needs_a_positive_count(n):
+    proc = _run(["-m", "tpu_course", "doctor", "--simulate", n], JAX_PLATFORMS="cpu")
+    _no_traceback(proc)
+    assert proc.returncode == 2  # a usage error, before anything starts
+    assert f"--simulate: '{n}' is not a number of CPU devices" in proc.stderr
+    assert "e.g. --simulate 8" in proc.stderr

@@ -233,3 +233,65 @@ def test_hlo_inspect_target_42_is_a_type_error_listing_the_valid_ones():
         hlo.inspect(lambda x: x + 1, jnp.ones(3), target=42)
     assert_course_error(info.value)
     assert "v6e:1x1" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------
+# Issue 25's small ones, each with the message it must give now
+# --------------------------------------------------------------------------------------
+
+_COUNT = "--xla_force_host_platform_device_count"
+
+
+def _topology(name):
+    from tpu_course.hlo import aot
+
+    return aot.tpu_topology(name)
+
+
+def _inspect_on(target):
+    hlo = pytest.importorskip("tpu_course.hlo")
+    import jax.numpy as jnp
+
+    return hlo.inspect(lambda x: x * 2, jnp.ones(4), target=target)
+
+
+def _runtime():
+    from tpu_course import runtime
+
+    return runtime
+
+
+def _lab(number):
+    from tpu_course import checks
+
+    return checks.lab(number)
+
+
+ISSUE_25_CASES = [
+    # a 3-D v5e (or a 2-D v4) is no real slice: refused before libtpu builds it
+    (lambda: _inspect_on("v5e:2x2x2"), ValueError,
+     r"'v5e:2x2x2': v5e slices are 2-D .*, not 3-D.* For 8 chips use v5e:2x4\."),
+    (lambda: _topology("v6e:1x1x1"), ValueError, r"v6e slices are 2-D .* use v6e:1x1\."),
+    (lambda: _topology("v4:2x2"), ValueError, r"v4 slices are 3-D .* use v4:2x2x1\."),
+    (lambda: _topology("v5p:2x4"), ValueError, r"v5p slices are 3-D .* use v5p:2x2x2\."),
+    # the device-count flag, read without starting XLA (which would kill the process)
+    (lambda: _runtime().check_device_count_flag(f"{_COUNT}=abc"), ValueError,
+     rf"XLA_FLAGS holds {_COUNT}=abc: the CPU device count must be a whole number"),
+    (lambda: _runtime().check_device_count_flag(f"{_COUNT}=-4"), ValueError,
+     rf"XLA_FLAGS holds {_COUNT}=-4"),
+    (lambda: _runtime().check_device_count_flag(f"{_COUNT}=0"), ValueError,
+     rf"XLA_FLAGS holds {_COUNT}=0"),
+    (lambda: _runtime().simulate_devices(0), ValueError,
+     r"simulate_devices\(n\) needs a positive integer, got 0"),
+    (lambda: _runtime().simulate_devices("8"), ValueError, r"positive integer, got '8'"),
+    # a lab named as anything but its number
+    (lambda: _lab("one"), ValueError, r"there is no lab 'one'.* Pass the lab's number"),
+    (lambda: _lab(1.0), ValueError, r"there is no lab 1\.0.* Pass the lab's number"),
+]
+
+
+@pytest.mark.parametrize("call, kind, message", ISSUE_25_CASES)
+def test_issue_25_small_ones_refuse_by_name(call, kind, message):
+    with pytest.raises(kind, match=message) as info:
+        call()
+    assert_course_error(info.value)

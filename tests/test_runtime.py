@@ -132,3 +132,95 @@ def test_donation_probe_matches_a_train_step_on_this_jax():
         losses.append(float(metrics["loss"]))
     agree = abs(losses[0] - losses[1]) < 1e-5
     assert agree == runtime.donation_is_safe(), (losses, jax.__version__)
+
+
+# --------------------------------------------------------------------------------------
+# XLA_FLAGS that XLA would die on are refused by name, before JAX starts (issue 25 §3)
+# --------------------------------------------------------------------------------------
+
+FLAG = "--xla_force_host_platform_device_count"
+
+
+def test_the_device_count_flag_is_checked_without_starting_xla():
+    import pytest
+
+    assert runtime.check_device_count_flag("") is None
+    assert runtime.check_device_count_flag(f"--xla_dump_to=/tmp {FLAG}=8") == 8
+    assert runtime.check_device_count_flag(f"{FLAG}=2 {FLAG}=+4") == 4  # XLA keeps the last
+    for bad in ("abc", "-4", "0", "", "2.5", "8x"):
+        flags = f"{FLAG}={bad}"
+        with pytest.raises(runtime.XlaFlagsError) as info:
+            runtime.check_device_count_flag(flags)
+        assert f"XLA_FLAGS holds {flags}:" in str(info.value)
+        assert "whole number of at least 1" in info.value.problem and info.value.fix
+    with pytest.raises(runtime.XlaFlagsError, match=f"holds {FLAG}:"):  # no value at all
+        runtime.check_device_count_flag(FLAG)
+    # a bad count is replaced, not kept beside the new one, in a child's environment
+    assert runtime._with_device_count(f"--a=1 {FLAG}=abc {FLAG}=-4", 8) == f"--a=1 {FLAG}=8"
+
+
+def test_simulate_devices_and_describe_refuse_a_bad_flag_before_xla_kills_the_process():
+    out = _run(f"""
+        import os
+        from tpu_course import runtime
+        for flags in ("{FLAG}=abc", "{FLAG}=-4", "--not_a_flag=1"):
+            os.environ["XLA_FLAGS"] = flags
+            try:
+                runtime.simulate_devices(8)
+                print("ACCEPTED", flags)
+            except runtime.XlaFlagsError as err:
+                print("REFUSED", " ".join(str(err).split()))
+            assert os.environ["XLA_FLAGS"] == flags  # left as it was
+        os.environ["XLA_FLAGS"] = "{FLAG}=abc"
+        try:
+            runtime.describe()
+        except runtime.XlaFlagsError as err:
+            print("DESCRIBE REFUSED", " ".join(str(err).split()))
+    """)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 4 and all("REFUSED" in line for line in lines), out.stdout
+    assert f"XLA_FLAGS holds {FLAG}=abc: the CPU device count" in lines[0]
+    assert f"XLA_FLAGS holds {FLAG}=-4" in lines[1]
+    assert "Unknown flag in XLA_FLAGS: --not_a_flag=1" in lines[2]
+    assert "Flags:" not in lines[2]  # XLA's reason, not its 90 lines of flag help
+    assert f"XLA_FLAGS holds {FLAG}=abc" in lines[3]
+
+
+# What XLA prints when it refuses a flag value (jaxlib 0.12, trimmed): the reason, then a
+# fatal check, then pages of flag help.
+XLA_ABC = f"""\
+E1201 18:16:44.225404    1054 command_line_flags.cc:63] Couldn't interpret value abc for flag xla_force_host_platform_device_count.
+F1201 18:16:44.225448    1054 parse_flags_from_env.cc:220] Check failed: tsl::Flags::Parse(&env_argv->argc, env_argv->argv.data(), flag_list) Flag parsing failed.
+usage: {FLAG}=abc
+Flags:
+\t--xla_dump_hlo_as_dot=false      \tbool\tDumps HLO modules rendered as dot files to the directory specified by --xla_dump_to.
+Available fusion types: dot, eltwise, and reduce.
+"""
+
+
+def test_xlas_complaint_is_the_line_that_names_the_flag():
+    assert runtime.xla_flag_complaint(XLA_ABC) == [
+        "Couldn't interpret value abc for flag xla_force_host_platform_device_count."]
+    unknown = "F1201 12:00:00.1 7 parse_flags_from_env.cc:234] Unknown flag in XLA_FLAGS: --x=1"
+    assert runtime.xla_flag_complaint(unknown) == ["Unknown flag in XLA_FLAGS: --x=1"]
+
+
+def test_the_profilers_known_noise_is_dropped_and_nothing_else():
+    """The lines chapter 4's profiler cell printed on Colab's stack (jax 0.7.2, libtpu
+    0.0.21), as recorded there: each is known noise; an XLA error is not."""
+    noise = [
+        "WARNING: Logging before InitGoogle() is written to STDERR",
+        "E0000 00:00:1796149253.803503    6761 cloud_tpu_profiler_impl.cc:114] UNIMPLEMENTED: "
+        "No factory for ACTIVITY_TRACING on ba16c7433",
+        "=== Source Location Trace: === ",
+        "perftools/accelerators/32a57/32a57ilez/profiler_factory.cc:37",
+        "E1201 18:20:53.808768    6761 python_hooks.cc:416] Can't import "
+        "tensorflow.python.profiler.trace",
+    ]
+    for line in noise:
+        assert runtime._LIBTPU_NOISE.search(line), line
+    for line in ("F1201 parse_flags_from_env.cc:234] Unknown flag in XLA_FLAGS: --x=1",
+                 "RuntimeError: Unable to initialize backend 'cpu'",
+                 "E1201 python_hooks.cc:416] Can't import numpy"):
+        assert not runtime._LIBTPU_NOISE.search(line), line

@@ -49,9 +49,16 @@ def _wheel(folder: pathlib.Path, name: str, version: str, requires: tuple[str, .
             zf.writestr(path, text)
 
 
+#: flax before and after the upgrade the issue saw (0.10.7 -> 0.12.0), and the course's
+#: lower bound for it (pyproject.toml's "flax>=...").
+OLD_FLAX, NEW_FLAX = "0.10.7", "0.12.0"
+FLAX_FLOOR = "0.11.2"
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> pathlib.Path:
-    """jax and jaxlib at an old version and at the floor, the libtpu each pins, the course."""
+    """jax and jaxlib at an old version and at the floor, the libtpu each pins, flax old
+    and new, the course (which needs jax and flax at their floors, as pyproject.toml)."""
     folder = tmp_path_factory.mktemp("wheels")
     for version, libtpu in ((OLD, "0.0.17"), (FLOOR, "0.0.23")):
         _wheel(folder, "jaxlib", version)
@@ -61,7 +68,9 @@ def wheels(tmp_path_factory) -> pathlib.Path:
                ("tpu", "cuda12"))
         _wheel(folder, "libtpu", libtpu)
         _wheel(folder, "jax-cuda12-plugin", version)
-    _wheel(folder, "tpu-course", "0.1.0", (f"jax>={FLOOR}",))
+    _wheel(folder, "flax", OLD_FLAX, ("jax>=0.4.27",))
+    _wheel(folder, "flax", NEW_FLAX, (f"jax>={FLOOR}",))
+    _wheel(folder, "tpu-course", "0.1.0", (f"jax>={FLOOR}", f"flax>={FLAX_FLOOR}"))
     return folder
 
 
@@ -98,6 +107,7 @@ def version(p):
     except md.PackageNotFoundError: return None
 outcome["versions"] = {p: version(p) for p in ("jax", "jaxlib", "libtpu", "tpu-course")
                        + (("jax-cuda12-plugin",) if version("jax-cuda12-plugin") else ())}
+outcome["flax"] = version("flax")
 print(json.dumps(outcome))
 """
 
@@ -125,12 +135,19 @@ def test_a_runtime_at_the_floor_gets_the_course_and_nothing_else(tmp_path, wheel
 
 
 def test_a_tpu_runtime_below_the_floor_upgrades_one_set_and_asks_for_a_restart(tmp_path, wheels):
-    python = _runtime(tmp_path, wheels, f"jax[tpu]=={OLD}")
+    # Colab's stack in issue 25: flax 0.10.7 beside an old jax; the course needs a newer
+    # flax, so pip moves it too, and the message must say so (not only jax and jaxlib).
+    python = _runtime(tmp_path, wheels, f"jax[tpu]=={OLD}", f"flax=={OLD_FLAX}")
     first = _run_cell(python, wheels, tmp_path)
-    assert first["stopped"] == "SetupStop"
+    assert first["stopped"] == "SetupStop" and first["flax"] == NEW_FLAX
     shown = "\n".join(first["shown"])
     assert f"jax {OLD} is older than the course's floor {FLOOR}" in shown
     assert "Restart the runtime once" in shown and "Traceback" not in shown
+    # the message names each package that moved (flax and libtpu too), and nothing else
+    moved = [line.strip() for line in shown.splitlines() if " -> " in line or "(new)" in line]
+    assert sorted(moved) == [f"flax {OLD_FLAX} -> {NEW_FLAX}", f"jax {OLD} -> {FLOOR}",
+                             f"jaxlib {OLD} -> {FLOOR}", "libtpu 0.0.17 -> 0.0.23",
+                             "tpu-course 0.1.0 (new)"], shown
     # jax, jaxlib and the libtpu jax pins moved together; the course came with them
     assert first["versions"] == {"jax": FLOOR, "jaxlib": FLOOR, "libtpu": "0.0.23",
                                  "tpu-course": "0.1.0"}

@@ -49,7 +49,8 @@ JAX_FLOOR = tpu_course.jax_floor()
 # pip installs it alone, the runtime's jax, jaxlib and libtpu pinned as they are (no jax
 # at all: pip brings the newest); jax is
 # below the floor -> jax, jaxlib (with libtpu or the CUDA plugin) and the course installed
-# together at the floor's tested versions, then "Run all" stops asking for one restart;
+# together at the floor's tested versions, then "Run all" stops asking for one restart
+# and naming every package that pip moved (flax and libtpu move too, not only jax);
 # pip fails -> its last lines and the fix, no traceback. ``TPU_COURSE_SPEC`` replaces the
 # pip requirement for the course (a fork, a tag, a wheel).
 SETUP_CELL = (r'''# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -75,6 +76,12 @@ def setup_course(floor="@FLOOR@"):
         wanted.append(course)
     else:
         return
+    def installed():
+        out = {}
+        for d in md.distributions():
+            out.setdefault(re.sub(r"[-_.]+", "-", d.metadata["Name"] or "?").lower(), d.version)
+        return out
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
@@ -83,11 +90,16 @@ def setup_course(floor="@FLOOR@"):
                         + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
                         "internet (Kaggle: Settings > Internet on), then run this cell again.")
     if upgrade:
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
         raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+                        f"than the course's floor {floor}, so pip installed a tested set "
+                        "together:\n  " + "\n  ".join(moved) + "\nRestart the runtime once "
+                        "(Colab: Runtime > Restart session) and run all again: the new "
+                        "versions load only in a fresh process, and this cell will then "
+                        "install nothing.")
 setup_course()'''
               .replace("@FLOOR@", JAX_FLOOR).replace("@REPO@", REPOSITORY))
 

@@ -125,10 +125,11 @@ def failure_report(failed: dict) -> tuple[list[str], list[str]]:
     wanted = [p.strip().lower() for p in asked.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in _PLATFORM_NAMES]
     hints = _accelerator_hints()
-    if "Unknown flag in XLA_FLAGS" in stderr or ("XLA_FLAGS" in stderr and flags):
-        # XLA's own log line, without its "F1130 21:10:13.19 1234 file.cc:234] " prefix
-        bad = [ln.split("] ", 1)[-1].strip() for ln in stderr.splitlines() if "XLA_FLAGS" in ln]
-        problem = (f"XLA refuses XLA_FLAGS ({bad[-1] if bad else flags}): remove that flag "
+    refused = runtime.xla_flag_complaint(stderr) if flags else []
+    if flags and any("XLA_FLAGS" in ln or "for flag" in ln for ln in refused):
+        # XLA's own log lines, without their "F1130 21:10:13.19 1234 file.cc:234] " prefix
+        # and without the flag help XLA prints after them
+        problem = (f"XLA refuses XLA_FLAGS ({'; '.join(refused)}): remove that flag "
                    "or unset XLA_FLAGS (flags differ between jaxlib versions). In a notebook, "
                    "a bad XLA_FLAGS kills the kernel as it starts JAX.")
     elif unknown:
@@ -222,6 +223,19 @@ def doctor_report(rt: runtime.Runtime | None = None) -> tuple[list[str], list[st
     return lines, problems
 
 
+def _device_count(text: str) -> int:
+    """``--simulate``'s value: a whole number of CPU devices, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1 or str(n) != text.strip().lstrip("+"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of CPU devices: give a whole number of at least 1, "
+            "e.g. --simulate 8 (what the multi-chip chapters use)")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "preflight":
@@ -236,11 +250,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["doctor", "preflight", "grade"],
                         help="doctor: is this runtime ready; preflight: run every chapter's "
                              "core here; grade: grade submitted labs (each has its own --help)")
-    parser.add_argument("--simulate", type=int, metavar="N",
+    parser.add_argument("--simulate", type=_device_count, metavar="N",
                         help="simulate N CPU devices first (as the multi-chip chapters do)")
     args = parser.parse_args(argv)
-    if args.simulate:
-        runtime.simulate_devices(args.simulate)
+    try:
+        runtime.check_device_count_flag()  # XLA would die on it with 90 lines of flag help
+        if args.simulate is not None:
+            runtime.simulate_devices(args.simulate)
+    except runtime.XlaFlagsError as err:
+        problem = str(err)
+        flags = os.environ.get("XLA_FLAGS", "")
+        print("\n".join(_header() + [f"  XLA_FLAGS: {flags!r}", "  backend: not started "
+                                     "(XLA would stop the process)", "  status: 1 problem(s)",
+                                     f"  ! {problem}"]))
+        return 1
     probe = probe_backend()
     if not probe.get("ok"):
         lines, problems = failure_report(probe)

@@ -230,7 +230,7 @@ def _download(spec: FileSpec, mirrors: Iterable[str], target: pathlib.Path,
     """Fetch ``spec`` from the first mirror that answers; verify; move into ``target``."""
     from tqdm.auto import tqdm
 
-    errors = []
+    errors: dict[str, str] = {}  # per mirror, its last error and how many attempts failed
     target.parent.mkdir(parents=True, exist_ok=True)
     for mirror in mirrors:
         for attempt in range(retries):
@@ -250,12 +250,14 @@ def _download(spec: FileSpec, mirrors: Iterable[str], target: pathlib.Path,
                 shutil.move(tmp, target)
                 return target
             except (OSError, DataError) as err:
-                errors.append(f"{url}: {err}")
+                tries = "" if retries == 1 else f" ({attempt + 1} attempts)"
+                errors[url] = f"{url}: {' '.join(str(err).split())}{tries}"
                 pathlib.Path(tmp).unlink(missing_ok=True)
-                time.sleep(min(2**attempt, 4))
+                if attempt + 1 < retries:
+                    time.sleep(min(2**attempt, 4))
     raise DataError(
-        f"could not download {spec.name} from any mirror:\n  " + "\n  ".join(errors[-4:]) +
-        f"\nWithout a network, put the file in a directory and set TPU_COURSE_DATA to it, "
+        f"could not download {spec.name} from any mirror:\n  " + "\n  ".join(errors.values())
+        + "\nWithout a network, put the file in a directory and set TPU_COURSE_DATA to it, "
         f"or copy it into {target.parent}."
     )
 
@@ -271,12 +273,19 @@ def _missing_error(dataset: str, files: Mapping[str, FileSpec], dirs: list[pathl
         wanted = (f"a training set, either the full one ({names(files, train)}) or the "
                   f"offline 10,000-image subset ({names(subset, train)})")
     present = sorted(p.name for d in dirs if d.is_dir() for p in d.glob("*.gz"))
-    found = f" Found there: {', '.join(present)}." if present else " Those folders hold no .gz files."
+    # Say which of TPU_COURSE_DATA's entries is not a folder at all (a typo, a file).
+    env_dirs = _data_dirs() or []
+    odd = [f"{d} is a file, not a folder" if d.exists() else f"{d} does not exist"
+           for d in dirs if d in env_dirs and not d.is_dir()]
+    notes = f" In TPU_COURSE_DATA, {'; '.join(odd)}." if odd else ""
+    folders = [d for d in dirs if d.is_dir()]
+    found = (f" Found there: {', '.join(present)}." if present else
+             " Those folders hold no .gz files." if folders else "")
     return MissingDataError(
         f"{dataset}: no folder among {where} holds {wanted}, plus the test set "
-        f"({names(files, test)}), all in the same folder.{found} Put the IDX .gz files in one "
-        "folder and set TPU_COURSE_DATA to it, or unset TPU_COURSE_DATA to download them "
-        "into the cache."
+        f"({names(files, test)}), all in the same folder.{notes}{found} Put the IDX .gz "
+        "files in one folder and set TPU_COURSE_DATA to it, or unset TPU_COURSE_DATA to "
+        "download them into the cache."
     )
 
 

@@ -18,7 +18,12 @@ ch7   a tiny Pallas kernel run in TPU interpret mode against ``jnp``, and compil
 ====  ====================================================================================
 
 Each row is ``ok``, ``failed`` (the reason and the fix) or ``skipped`` (why), with its
-seconds; the exit status is 1 when any chapter failed. Command line::
+seconds; the exit status is 1 when any chapter failed. An ``XLA_FLAGS`` that XLA would
+refuse (it kills the process as JAX starts) is the first row, ``XLA_FLAGS failed``, and
+the chapters that need JAX are skipped. ``--json PATH`` is checked before anything runs
+(a folder, a path under a file, a folder that cannot be written, an existing file that
+is not an earlier preflight record: each refused by name), and the table is printed
+before the record is written, so a path that fails at the end loses nothing. Command line::
 
     tpu-course preflight [--json PATH] [--multihost] [--chapters 1,5]
     python -m tpu_course preflight --json bench/results/preflight-colab-v5e1.json
@@ -45,6 +50,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable, Sequence
@@ -52,6 +58,8 @@ from typing import Any, Callable, Sequence
 from tpu_course import errors
 
 CHAPTERS = (1, 2, 3, 4, 5, 6, 7)
+#: Chapters whose check runs without JAX (numpy only): they run even when JAX cannot start.
+_WITHOUT_JAX = (1,)
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 #: Simulated CPU devices for chapter 6 (as the chapter uses).
 MESH_DEVICES = 8
@@ -72,11 +80,26 @@ class Failure(Exception):
         self.fix = fix
 
 
+class RecordPathError(errors.CourseValueError):
+    """``--json PATH`` (``json_path``) cannot take the record; the message says why.
+
+    Raised before any chapter runs, or, when writing fails at the end anyway (a full
+    disk), after the table was printed; then ``report`` holds the whole result."""
+
+    def __init__(self, message: str, report: "Report | None" = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+#: The row that reports an ``XLA_FLAGS`` XLA would refuse, before the chapters.
+FLAGS_ROW = "XLA_FLAGS"
+
+
 @dataclasses.dataclass
 class Row:
-    """One chapter's outcome."""
+    """One chapter's outcome (``chapter`` is :data:`FLAGS_ROW` for the flags' row)."""
 
-    chapter: int
+    chapter: int | str
     status: str  # "ok" | "failed" | "skipped"
     seconds: float
     detail: str
@@ -125,12 +148,13 @@ class Report:
         }
 
     def table(self) -> str:
+        width = max([8] + [len(str(r.chapter)) + 1 for r in self.rows])
         lines = [f"tpu-course preflight: {self.banner}",
-                 f"  {'chapter':<8}{'status':<9}{'seconds':>8}  detail"]
+                 f"  {'chapter':<{width}}{'status':<9}{'seconds':>8}  detail"]
         for r in self.rows:
-            lines.append(f"  {r.chapter:<8}{r.status:<9}{r.seconds:>8.1f}  {r.detail}")
+            lines.append(f"  {r.chapter!s:<{width}}{r.status:<9}{r.seconds:>8.1f}  {r.detail}")
             if r.fix:
-                lines.append(f"  {'':<25}  fix: {r.fix}")
+                lines.append(f"  {'':<{width + 17}}  fix: {r.fix}")
         failed = [str(r.chapter) for r in self.rows if r.status == FAILED]
         lines.append(f"  {'FAILED: chapter(s) ' + ', '.join(failed) if failed else 'OK'} "
                      f"({self.seconds:.1f} s)")
@@ -382,7 +406,7 @@ def _ch7() -> str:
         from jax.experimental.pallas import tpu as pltpu
     except ImportError as err:
         raise Skip(f"Pallas is not importable with jax {jax.__version__}: {err}") from None
-    from tpu_course import jax_floor, kernels
+    from tpu_course import jax_floor, pallas_tools
 
     if not hasattr(pltpu, "InterpretParams"):
         raise Skip(f"jax {jax.__version__} has no Pallas TPU interpret mode "
@@ -397,7 +421,7 @@ def _ch7() -> str:
 
     x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
     y = jnp.ones((8, 128), jnp.float32)
-    got = np.asarray(jax.jit(build(kernels.interpret_mode("cpu")))(x, y))
+    got = np.asarray(jax.jit(build(pallas_tools.interpret_mode("cpu")))(x, y))
     if not np.array_equal(got, np.asarray(x + 2.0 * y)):
         raise Failure("the Pallas kernel in TPU interpret mode differs from jnp",
                       "reinstall matching jax and jaxlib (pip install -U jax)")
@@ -461,30 +485,157 @@ def parse_chapters(text: str | Sequence[int] | None) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+#: A file larger than this is not an earlier record (those are a few kB).
+_RECORD_MAX_BYTES = 1 << 20
+
+
+def _is_record(path: pathlib.Path) -> bool:
+    """Whether ``path`` holds an earlier preflight record (which may be replaced)."""
+    try:
+        if path.stat().st_size > _RECORD_MAX_BYTES:
+            return False
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("tool") == "tpu-course preflight"
+
+
+def check_json_path(path: str | os.PathLike) -> pathlib.Path:
+    """Where the JSON record will go, checked before anything runs: the path (symbolic
+    links resolved), with its missing folders created; else :class:`RecordPathError`
+    naming what is wrong.
+
+    Refused: an empty path, a folder, a path under a file, a folder that cannot be
+    created or written, and an existing file that is not an earlier preflight record
+    (the preflight replaces its own records, nothing else).
+    """
+    given = path
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise RecordPathError(f"json_path={given!r}: expected a file path (a string), "
+                              f"got a {type(given).__name__}")
+    if not path.strip():
+        raise RecordPathError("the record's path is empty: give a file name such as "
+                              "preflight.json, or leave --json out")
+    try:
+        return _checked_path(path, pathlib.Path(path).expanduser())
+    except OSError as err:  # a name too long, a loop of links ...
+        raise RecordPathError(f"{path} cannot be written: {err.strerror or err}; give a "
+                              "path in a folder you can write to") from None
+
+
+def _checked_path(path: str, p: pathlib.Path) -> pathlib.Path:
+    if p.is_dir():
+        raise RecordPathError(f"{path} is a folder, not a file: give a file inside it, e.g. "
+                              f"{p / 'preflight.json'}")
+    ancestor = p.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise RecordPathError(f"{path} cannot be created: {ancestor} is a file, not a "
+                              "folder; give a path in a folder")
+    if p.exists() or p.is_symlink():
+        if not p.is_file():
+            raise RecordPathError(f"{path} exists and is not a regular file: give another "
+                                  "path")
+        if not _is_record(p):
+            raise RecordPathError(
+                f"{path} exists and is not an earlier preflight record: the preflight "
+                "replaces only its own records. Give another path, or move that file "
+                "away first")
+    p = p.resolve()
+    p.parent.mkdir(parents=True, exist_ok=True)  # an OSError here is reported by the caller
+    if p.exists():  # an earlier record: it is replaced by a rename in its folder
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=".preflight-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    else:  # try the very name (too long, not allowed there ...); remove only what we made
+        with open(p, "x"):
+            pass
+        p.unlink()
+    return p
+
+
+def write_record(report: Report, path: str | os.PathLike) -> pathlib.Path:
+    """Write ``report``'s JSON record to ``path`` (checked by :func:`check_json_path`):
+    into a temporary file beside it, then renamed over it, so the path holds either the
+    old file or the whole new record, never half of one. Returns the path written."""
+    target = check_json_path(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".preflight-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        os.chmod(tmp, mode)  # as an ordinary new file (or the record it replaces) would be
+        os.replace(tmp, target)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)  # ours: the temporary file only
+        raise
+    return target
+
+
+class _NotStarted(Exception):
+    """JAX was not started on purpose (the flags' row says why)."""
+
+
+def _flags_row() -> Row | None:
+    """A failed row when ``XLA_FLAGS`` holds what XLA would refuse as JAX starts (it would
+    kill this process: no table at all); None when the flags are fine or JAX already
+    started (the flags no longer matter then)."""
+    from tpu_course import runtime
+
+    if runtime._backends_started():
+        return None
+    start = time.perf_counter()
+    try:
+        runtime.check_xla_flags()
+    except runtime.XlaFlagsError as err:
+        return Row(FLAGS_ROW, FAILED, time.perf_counter() - start, " ".join(err.problem.split()),
+                   err.fix)
+    return None
+
+
 def run(json_path: str | os.PathLike | None = None, *, chapters: str | Sequence[int] | None = None,
         multihost: bool = False, verbose: bool = False) -> Report:
     """Run the chapters' checks here and return the :class:`Report` (its repr is the table).
 
-    ``json_path``: also write the JSON record there. ``verbose``: print each row as it
-    finishes. Never raises for a failing chapter: it is a row of the report.
+    ``json_path``: also write the JSON record there; the path is checked first
+    (:func:`check_json_path`, :class:`RecordPathError` before anything runs). If writing
+    fails at the end all the same, the table is printed and the error carries the
+    report. ``verbose``: print each row as it finishes. Never raises for a failing
+    chapter: it is a row of the report; so is an ``XLA_FLAGS`` that XLA would refuse.
     """
     wanted = parse_chapters(chapters)
+    target = check_json_path(json_path) if json_path is not None else None
     start = time.perf_counter()
     from tpu_course import runtime
 
+    flags = _flags_row()
     try:
+        if flags is not None:
+            raise _NotStarted(f"XLA_FLAGS would stop it (see the {FLAGS_ROW} row)")
         rt = runtime.describe()
         banner, kind, count, platform = rt.banner(), rt.device_kind, rt.device_count, rt.platform
         if platform == "cpu" and getattr(rt, "simulated", False):  # say where they come from
             banner += (f" (the {count} CPU devices are simulated: this machine's CPU split "
                        "by XLA_FLAGS=--xla_force_host_platform_device_count, which preflight "
                        "sets for chapter 6's mesh check; it is one device otherwise)")
+    except _NotStarted as why:
+        banner = f"JAX not started: {why}"
+        kind, count, platform = "unknown", 0, "none"
     except Exception as err:  # noqa: BLE001 - no backend: every row will say so too
         banner = f"JAX did not start: {type(err).__name__}: {err}"
         kind, count, platform = "unknown", 0, "none"
-    rows = []
+    rows = [flags] if flags is not None else []
     for chapter in wanted:
-        row = _run_one(chapter, multihost)
+        if flags is not None and chapter not in _WITHOUT_JAX:
+            row = Row(chapter, SKIPPED, 0.0, f"not run: JAX cannot start with this XLA_FLAGS "
+                      f"(see the {FLAGS_ROW} row)")
+        else:
+            row = _run_one(chapter, multihost)
         rows.append(row)
         if verbose:
             print(f"  chapter {row.chapter}: {row.status} ({row.seconds:.1f} s)", flush=True)
@@ -492,11 +643,15 @@ def run(json_path: str | os.PathLike | None = None, *, chapters: str | Sequence[
                     {p: _version(p) for p in _PACKAGES},
                     datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     time.perf_counter() - start)
-    if json_path is not None:
-        path = pathlib.Path(json_path)
-        if path.parent != pathlib.Path(""):
-            path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    if target is not None:
+        try:
+            write_record(report, target)
+        except (OSError, RecordPathError) as err:
+            print(report.table())
+            raise RecordPathError(f"the record was not written to {json_path}: "
+                                  f"{getattr(err, 'strerror', None) or err}; the table above "
+                                  "is the whole result (also in this error's .report)",
+                                  report) from None
     return report
 
 
@@ -513,16 +668,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         chapters = parse_chapters(args.chapters)
+        target = check_json_path(args.json) if args.json is not None else None
     except errors.CourseValueError as err:
-        parser.error(str(err))
+        parser.error(str(err))  # before anything runs
     from tpu_course import runtime
 
     # Simulated devices must be asked for before JAX starts: here, first thing.
     if "jax" not in sys.modules and runtime.requested_cpu_devices() is None and 6 in chapters:
-        runtime.simulate_devices(MESH_DEVICES)
-    report = run(args.json, chapters=chapters, multihost=args.multihost)
-    print(report.table())
-    if args.json:
+        try:
+            runtime.simulate_devices(MESH_DEVICES)
+        except runtime.XlaFlagsError:
+            pass  # run() reports it as the first row
+    report = run(None, chapters=chapters, multihost=args.multihost)
+    print(report.table(), flush=True)  # first: a path that fails below loses nothing
+    if target is not None:
+        try:
+            write_record(report, target)
+        except (OSError, RecordPathError) as err:
+            print(f"tpu-course preflight: the record was not written to {args.json}: "
+                  f"{getattr(err, 'strerror', None) or err}; the table above is the whole "
+                  "result", file=sys.stderr)
+            return 1
         print(f"  record written to {args.json}")
     return 0 if report.ok else 1
 

@@ -30,9 +30,18 @@ TPU_LOCKFILE = "/tmp/libtpu_lockfile"
 # happens: with JAX_PLATFORMS unset, JAX tries every backend it has, and the `aot` extra's
 # libtpu registers a TPU one; libtpu then reads the TPU VM's metadata, finds none and logs
 # these lines before JAX falls back to the CPU. JAX_PLATFORMS=cpu skips that attempt.
+# The profiler adds two more when a trace starts (seen with jax 0.7.2, Colab's, and libtpu
+# 0.0.21/0.0.23; jax 0.12 prints neither): "Can't import tensorflow.python.profiler.trace"
+# (jaxlib's Python tracer looks for TensorFlow's trace module to record TF ops too; there
+# is no TensorFlow, and the Python trace is recorded anyway) and "No factory for
+# ACTIVITY_TRACING" (the profiler asks every registered tracer kind; this build has none
+# for that kind; the TPU and host traces are recorded anyway), with its source line
+# (".../profiler_factory.cc:37"). A trace started under `quiet_libtpu()` drops them.
 _LIBTPU_NOISE = re.compile(
     r"could not determine TPU|Logging before InitGoogle|unexpected worker hostname|"
-    r"Source Location Trace|tfrc/runtime|Failed to find host bounds|TPU_WORKER_HOSTNAMES"
+    r"Source Location Trace|tfrc/runtime|Failed to find host bounds|TPU_WORKER_HOSTNAMES|"
+    r"Can't import tensorflow\.python\.profiler\.trace|No factory for ACTIVITY_TRACING|"
+    r"perftools/accelerators/.*profiler_factory\.cc"
 )
 
 # The filter runs in a separate process so that it outlives this one: when XLA aborts
@@ -112,43 +121,107 @@ def quiet_libtpu() -> Iterator[None]:
 
 
 class XlaFlagsError(errors.CourseValueError):
-    """``XLA_FLAGS`` holds something XLA refuses (it would abort the process)."""
+    """``XLA_FLAGS`` holds something XLA refuses (it would abort the process).
+
+    ``problem`` says what is wrong, ``fix`` what to do; the message is both."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}\n{fix}")
+        self.problem, self.fix = problem, fix
 
 
-_CHECKED_FLAGS: set[str] = set()
+#: XLA_FLAGS values already tried in a throw-away process: None when XLA started.
+_CHECKED_FLAGS: dict[str, XlaFlagsError | None] = {}
+_FIX_FLAGS = ("in a shell, fix it or `unset XLA_FLAGS` before starting Python or Jupyter; "
+              "in a notebook, `os.environ.pop('XLA_FLAGS')` before anything starts JAX")
+
+
+def _device_count_flags(value: str) -> list[str]:
+    """The words of ``value`` that set (or try to set) the CPU device count."""
+    return [f for f in value.split() if f == _FLAG or f.startswith(_FLAG + "=")]
+
+
+def check_device_count_flag(value: str | None = None) -> int | None:
+    """The CPU device count that ``XLA_FLAGS`` (or ``value``) asks for, checked without
+    starting XLA: ``None`` when it asks for none, else a positive integer.
+
+    XLA itself kills the process on ``--xla_force_host_platform_device_count=abc`` (with
+    90 lines of flag help) and fails with ``vector::reserve`` on ``=-4``; this raises
+    :class:`XlaFlagsError` naming the flag instead.
+
+    >>> check_device_count_flag("--xla_force_host_platform_device_count=8")
+    8
+    >>> try:
+    ...     check_device_count_flag("--xla_force_host_platform_device_count=-4")
+    ... except XlaFlagsError as err:
+    ...     print(str(err)[:79])
+    XLA_FLAGS holds --xla_force_host_platform_device_count=-4: the CPU device count
+    """
+    value = os.environ.get("XLA_FLAGS", "") if value is None else value
+    count = None
+    for flag in _device_count_flags(value):
+        text = flag.partition("=")[2]
+        if re.fullmatch(r"\+?\d+", text) and int(text) >= 1:
+            count = int(text)  # XLA keeps the last one
+            continue
+        raise XlaFlagsError(
+            f"XLA_FLAGS holds {flag}: the CPU device count must be a whole number of at "
+            f"least 1, e.g. {_FLAG}=8 (XLA would stop the process).",
+            "Fix it (or call tpu_course.runtime.simulate_devices(8), which sets it): "
+            f"{_FIX_FLAGS}.")
+    return count
 
 
 def check_xla_flags() -> None:
     """Refuse ``XLA_FLAGS`` that would make XLA abort the process, before it does.
 
     XLA stops the whole process (a notebook kernel dies with no message) when
-    ``XLA_FLAGS`` names a flag it does not know. When ``XLA_FLAGS`` holds anything
-    besides the device-count flag the course sets itself, a throw-away CPU-only Python
-    starts XLA with the same flags first (about a second, once per value); if that
-    process fails, this raises :class:`XlaFlagsError` with what XLA said and the fix.
+    ``XLA_FLAGS`` names a flag it does not know or a value it cannot read. The CPU
+    device-count flag is checked here directly (:func:`check_device_count_flag`). When
+    ``XLA_FLAGS`` holds anything besides it, a throw-away CPU-only Python starts XLA with
+    the same flags first (about a second, once per value); if that process fails, this
+    raises :class:`XlaFlagsError` with what XLA said and the fix.
     """
     value = os.environ.get("XLA_FLAGS", "")
-    others = [f for f in value.split() if not f.startswith(_FLAG + "=")]
-    if not others or value in _CHECKED_FLAGS:
+    check_device_count_flag(value)
+    others = [f for f in value.split() if f not in _device_count_flags(value)]
+    if not others:
         return
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if value not in _CHECKED_FLAGS:
+        _CHECKED_FLAGS[value] = _try_xla_flags(value)
+    refused = _CHECKED_FLAGS[value]
+    if refused is not None:
+        raise XlaFlagsError(refused.problem, refused.fix)
+
+
+def _try_xla_flags(value: str) -> XlaFlagsError | None:
+    """Start XLA's CPU backend with ``XLA_FLAGS=value`` in a throw-away Python: None when
+    it starts (or when that cannot be told), else the error that says why not."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": value}
     try:
         proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"],
                               env=env, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
-        return  # cannot tell: let JAX start and speak for itself
+        return None  # cannot tell: let JAX start and speak for itself
     if proc.returncode == 0:
-        _CHECKED_FLAGS.add(value)
-        return
-    said = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
-    raise XlaFlagsError(
+        return None
+    said = xla_flag_complaint(proc.stderr)
+    return XlaFlagsError(
         f"XLA_FLAGS={value!r} stops XLA from starting (the process would be killed):\n  "
-        + "\n  ".join(said)
-        + "\nRemove the flag it names: in a shell, fix or `unset XLA_FLAGS` before starting "
-        "Python or Jupyter; in a notebook, `os.environ.pop('XLA_FLAGS')` before anything "
-        "starts JAX. Flags differ between jaxlib versions; `python -m tpu_course doctor` "
-        "shows the versions here."
-    )
+        + "\n  ".join(said),
+        f"Remove the flag it names: {_FIX_FLAGS}. Flags differ between jaxlib versions; "
+        "`python -m tpu_course doctor` shows the versions here.")
+
+
+def xla_flag_complaint(stderr: str) -> list[str]:
+    """The lines of a dying XLA's ``stderr`` that say which flag it refused, without the
+    flag help it may print after them (90 lines) or the log prefix; at most three."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    key = re.compile(r"Unknown flag in XLA_FLAGS|Couldn't interpret value|"
+                     r"Could not open file .*XLA_FLAGS|Flag parsing failed")
+    said = [ln.split("] ", 1)[-1] for ln in lines if key.search(ln)]
+    said = [ln for ln in said if not ln.startswith("Check failed")] or said
+    return said[:3] or lines[-3:]
 
 
 class TooLateError(errors.CourseError, RuntimeError):
@@ -168,14 +241,19 @@ def _backends_started() -> bool:
 
 
 def requested_cpu_devices() -> int | None:
-    """The CPU device count asked for through ``XLA_FLAGS``, or ``None``."""
-    match = re.search(_FLAG + r"=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    return int(match.group(1)) if match else None
+    """The CPU device count asked for through ``XLA_FLAGS``, or ``None`` (also when the
+    flag's value is not a count: :func:`check_device_count_flag` says what is wrong)."""
+    try:
+        return check_device_count_flag()
+    except XlaFlagsError:
+        return None
 
 
 def _with_device_count(xla_flags: str, n: int) -> str:
-    """``xla_flags`` with its CPU device count (if any) replaced by ``n``."""
-    return " ".join(re.sub(_FLAG + r"=\d+", "", xla_flags).split() + [f"{_FLAG}={n}"])
+    """``xla_flags`` with its CPU device count flags (if any, even bad ones) replaced by
+    ``n``."""
+    drop = _device_count_flags(xla_flags)
+    return " ".join([f for f in xla_flags.split() if f not in drop] + [f"{_FLAG}={n}"])
 
 
 def cpu_subprocess_env(devices: int, keep_xla_flags: bool = True) -> dict[str, str]:
@@ -206,11 +284,16 @@ def simulate_devices(n: int) -> None:
 
     Raises:
         ValueError: ``n`` is not a positive integer.
+        XlaFlagsError: ``XLA_FLAGS`` already holds something XLA would refuse (a device
+            count that is not a positive integer, a flag this jaxlib does not know):
+            XLA would stop the process when JAX starts, so it is refused here, by name.
         TooLateError: JAX has already started a backend in this process; restart the
             kernel and call this first.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"simulate_devices(n) needs a positive integer, got {n!r}")
+        raise errors.CourseValueError(
+            f"simulate_devices(n) needs a positive integer, got {n!r}: e.g. "
+            "simulate_devices(8) for the 8 devices of the multi-chip chapters")
     if _backends_started():
         import jax
 
@@ -224,6 +307,7 @@ def simulate_devices(n: int) -> None:
             "simulate_devices() before anything that touches jax.devices() or creates "
             "an array."
         )
+    check_xla_flags()  # a bad flag would kill the process at JAX's start: say so now
     os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), n)
     if "jax" in sys.modules:
         import jax

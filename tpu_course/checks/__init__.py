@@ -11,7 +11,10 @@ Chapter sub-modules load on first use (``checks.ch05``), since some of them impo
 from __future__ import annotations
 
 import importlib
+import operator
 from typing import Any
+
+from tpu_course.errors import CourseValueError
 
 from tpu_course.checks._core import (
     KINDS, NEEDS, CheckResult, Exercise, Lab, NotWritten, NotWrittenError, Scorecard, Verdict,
@@ -30,11 +33,20 @@ __all__ = [
 LABS = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07")
 
 
-def lab(number: int) -> Lab:
-    """The registry of lab ``number`` (``checks.lab(3)`` is ``checks.ch03.LAB``)."""
-    name = f"ch{number:02d}" if isinstance(number, int) else None
+def lab(number: int | str) -> Lab:
+    """The registry of lab ``number`` (``checks.lab(3)`` is ``checks.ch03.LAB``; the
+    number as text, ``checks.lab("3")``, works too)."""
+    n = number
+    if isinstance(n, str) and n.strip().isdigit():
+        n = int(n.strip())
+    if hasattr(n, "__index__") and not isinstance(n, (bool, str)):
+        n = operator.index(n)  # numpy integers too
+    name = f"ch{n:02d}" if isinstance(n, int) and not isinstance(n, bool) else None
     if name not in LABS:
-        raise ValueError(f"there is no lab {number!r}; the labs are 1 to {len(LABS)}")
+        hint = (" Pass the lab's number, e.g. checks.lab(1)." if not isinstance(n, int)
+                or isinstance(n, bool) else "")
+        raise CourseValueError(f"there is no lab {number!r}; the labs are 1 to "
+                               f"{len(LABS)}.{hint}")
     return importlib.import_module(f"{__name__}.{name}").LAB
 
 

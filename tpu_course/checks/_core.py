@@ -35,7 +35,9 @@ import hashlib
 import html
 import inspect
 import math
+import numbers
 import sys
+import textwrap
 import types
 from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence
 
@@ -46,9 +48,12 @@ _COLOURS = {PASSED: "#1a7f37", FAILED: "#cf222e", NOT_WRITTEN: "#9a6700", SKIPPE
 
 #: What an exercise can need from the runtime, and how to tell whether it is there.
 NEEDS = ("cpu", "accelerator", "tpu-chip", "tpu-compiler")
-#: What an exercise asks: code the chapter taught ("write"), the chapter's idea on a case
-#: it did not show ("transfer"), or a number before it is measured ("predict").
-KINDS = ("write", "transfer", "predict")
+#: What an exercise asks: code the chapter taught ("write"), the chapter's idea applied to
+#: a case it did not show ("apply"), or a number before it is measured ("predict").
+#: ("apply", not "transfer": chapter 2's ``transfer`` is host-device copying.)
+KINDS = ("write", "apply", "predict")
+#: The widest line the plain-text views print (a notebook's code column, CONTRIBUTING).
+WIDTH = 88
 
 #: The last result of each exercise, keyed by (lab number, title), for :func:`reveal`.
 _LAST: dict[tuple[int, str], "CheckResult"] = {}
@@ -186,7 +191,10 @@ def reveal(exercise: str | int, lab: int | None = None) -> str:
     default is the one checked last). Printed and returned."""
     matches = [r for (n, title), r in _LAST.items()
                if _title_matches(exercise, title) and lab in (None, n)]
-    if not matches:
+    unknown = None if matches else _no_such_exercise(exercise, lab)
+    if unknown:
+        text = unknown
+    elif not matches:
         text = (f"{exercise!r} has not been checked yet in this kernel: write your attempt, "
                 "run its check cell, then ask again.")
     else:
@@ -205,6 +213,25 @@ def reveal(exercise: str | int, lab: int | None = None) -> str:
                     f"answer ({r.message}). Fix that, run the check again, then ask again.")
     print(text)
     return text
+
+
+def _no_such_exercise(exercise: Any, lab: int | None) -> str | None:
+    """What to say when no lab open in this kernel (or lab ``lab``) has ``exercise``;
+    None when one has it, or when no lab is open yet (nothing to compare with)."""
+    open_labs = {n: registry for n, registry in sorted(_LABS.items())
+                 if lab in (None, n) and registry.exercises}
+    if not open_labs:
+        return None
+    if any(_title_matches(exercise, e.title) for r in open_labs.values() for e in r.exercises):
+        return None
+    have = "; ".join(f"lab {n} has Exercise 1 to {len(r.exercises)}"
+                     for n, r in open_labs.items())
+    if isinstance(exercise, bool) or not isinstance(exercise, (str, int)):
+        return (f"reveal({exercise!r}): name an exercise by its number or title, e.g. "
+                f"reveal(3) or reveal(\"Exercise 3\") ({have}).")
+    where = f"lab {lab}" if lab is not None else "no lab open in this kernel"
+    verb = " has no" if lab is not None else " has an"
+    return f"{where}{verb} exercise {exercise!r}: {have}."
 
 
 # -- stubs the lab generator writes ------------------------------------------------------
@@ -272,8 +299,10 @@ def as_number(exercise: str, value: Any, what: str) -> float:
     """``value`` as a finite float; anything else ends the check (:class:`Verdict`) with
     a result that says why not.
 
-    Rejects strings (even ``"256"``), booleans, None, arrays with more than one element,
-    NaN and infinities, naming ``what`` was expected.
+    Rejects strings (even ``"256"``, also as bytes or inside a one-element array),
+    booleans, None, arrays with more than one element, NaN and infinities, numbers too
+    large for a float, and objects whose conversion to a number raises, naming ``what``
+    was expected.
 
     >>> as_number("Ex", 3, "the cycle count")
     3.0
@@ -286,27 +315,58 @@ def as_number(exercise: str, value: Any, what: str) -> float:
     """
     if isinstance(value, NotWritten):
         raise Verdict(not_written(exercise))
-    if isinstance(value, str):
-        refuse(exercise, f"{what} should be a number, but you gave the string {value!r}",
-               hint=f'remove the quotes: {value}, not "{value}"')
+    _refuse_text(exercise, value, what, value)
     if value is None or isinstance(value, bool):
         refuse(exercise, f"{what} should be a number, but you gave {value!r}",
                hint="return (or assign) the number itself")
-    size = getattr(value, "size", None)
+    try:
+        size = getattr(value, "size", None)
+    except Exception:  # noqa: BLE001 - a learner's object may raise anything
+        size = None
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        size = None
     if size is not None and size != 1:
         refuse(exercise, f"{what} should be one number, but you gave an array of shape "
                          f"{getattr(value, 'shape', '?')}",
                hint="reduce it to a single number (or index the element you mean)")
     try:
-        number = float(value.item() if size == 1 and hasattr(value, "item") else value)
+        inner = value.item() if size == 1 and hasattr(value, "item") else value
+        if inner is not value:  # a one-element array of strings is still a string
+            _refuse_text(exercise, inner, what, value)
+        number = float(inner)
+    except Verdict:
+        raise
+    except NotImplementedError:  # an unwritten exercise underneath: the checker says so
+        raise
+    except OverflowError:
+        refuse(exercise, f"{what} is too large for a float ({_brief(value)}): no real "
+                         "answer is that large", hint="look for an exponent or a product that "
+                                                      "grows without bound")
     except (TypeError, ValueError):
         refuse(exercise, f"{what} should be a number, but you gave a "
                          f"{type(value).__name__}: {value!r:.80}",
                hint="return a plain int or float")
+    except Exception as err:  # noqa: BLE001 - a learner's __float__ may raise anything
+        refuse(exercise, f"{what} should be a number, but turning your "
+                         f"{type(value).__name__} into one raised {type(err).__name__}: "
+                         f"{str(err)[:120]}", hint="return a plain int or float")
     if not math.isfinite(number):
         refuse(exercise, f"{what} is {number}, not a finite number",
                hint="look for a division by zero or an overflow")
     return number
+
+
+def _refuse_text(exercise: str, value: Any, what: str, given: Any) -> None:
+    """End the check when ``value`` is text (a string or bytes), which ``float()`` would
+    read as a number; ``given`` is what the learner passed (it may hold ``value``)."""
+    if isinstance(value, str):
+        held = "" if given is value else f" (inside a {type(given).__name__})"
+        refuse(exercise, f"{what} should be a number, but you gave the string "
+                         f"{str(value)!r}{held}",
+               hint=f'remove the quotes: {value}, not "{value}"')
+    if isinstance(value, (bytes, bytearray)):
+        refuse(exercise, f"{what} should be a number, but you gave the bytes {value!r:.80}",
+               hint="return the number itself, not its text")
 
 
 # -- the course's own answers are not answers --------------------------------------------
@@ -720,8 +780,12 @@ class Lab:
                              "; the check grades the one recorded before it, not this one."))
             return
         _PREDICTIONS[key] = _Prediction(named)
-        print(f"recorded for {_short(ex.title)}: {shown}. You can change it until the "
-              "measurement is shown; then it is locked.")
+        head = f"recorded for {_short(ex.title)}:"
+        if len(f"{head} {shown}.") <= WIDTH:
+            print(f"{head} {shown}.")
+        else:  # one value a line, each cut to the width
+            print("\n".join([head] + [_fit(f"  {k} = {_brief(v)}") for k, v in named.items()]))
+        print("You can change it until the measurement is shown; then it is locked.")
 
     def predicted(self, exercise: str | int) -> bool:
         """True once a prediction for ``exercise`` is recorded, which locks it: the cell
@@ -749,10 +813,11 @@ class Lab:
     def plan(self) -> str:
         """The lab's exercises with their minutes and needs, as a small text table."""
         width = max((len(e.title) for e in self.exercises), default=10)
-        lines = [f"Lab {self.number}: {self.title}: {len(self.exercises)} exercises, "
-                 f"about {self.minutes} minutes"]
+        head = f"Lab {self.number}: {self.title}:"
+        size = f"{len(self.exercises)} exercises, about {self.minutes} minutes"
+        lines = [f"{head} {size}"] if len(f"{head} {size}") <= WIDTH else [head, size]
         for e in self.exercises:
-            need = "" if e.needs == "cpu" else f"  (needs {e.needs.replace('-', ' ')})"
+            need = "" if e.needs == "cpu" else f" (needs {e.needs.replace('-', ' ')})"
             lines.append(f"  {e.title:<{width}}  {e.minutes:>3} min{need}")
         return "\n".join(lines)
 
@@ -786,6 +851,11 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _fit(line: str) -> str:
+    """``line``, cut to :data:`WIDTH` characters with "..." when longer."""
+    return line if len(line) <= WIDTH else line[:WIDTH - 3] + "..."
+
+
 @dataclasses.dataclass(frozen=True)
 class Scorecard:
     """One line per exercise and the total: ``Lab N: k of M passed, S skipped``.
@@ -817,9 +887,13 @@ class Scorecard:
         lines = []
         for r in self.results:
             line = f"  {_MARKS[r.status]:<11} {r.exercise:<{width}}"
-            if r.status in (SKIPPED, NOT_WRITTEN, FAILED):
-                line += f"  {r.message[:110]}"
-            lines.append(line.rstrip())
+            message = r.message if r.status in (SKIPPED, NOT_WRITTEN, FAILED) else ""
+            if len(f"{line}  {message}") <= WIDTH or not message:
+                lines.append(f"{line}  {message}".rstrip())
+            else:  # the message on the lines below, wrapped to the width
+                lines.append(line.rstrip())
+                lines += textwrap.wrap(textwrap.shorten(message, 2 * (WIDTH - 14)), WIDTH,
+                                       initial_indent=" " * 14, subsequent_indent=" " * 14)
         return "\n".join([*lines, self.total()])
 
     def __repr__(self) -> str:

@@ -150,6 +150,7 @@ def tpu_topology(name: str) -> Topology:
             f"unknown TPU topology {name!r}: expected 'generation:shape' with a generation "
             f"in {sorted(VERIFIED_TOPOLOGIES)}; verified targets are {listing}."
         )
+    _check_dimensions(name, match.group("gen"), match.group("shape"))
     problem = tpu_compiler_problem()
     if problem:
         raise TpuCompilerMissing(f"compiling for {name!r} needs the TPU compiler: {problem}")
@@ -182,6 +183,27 @@ def tpu_topology(name: str) -> Topology:
         ) from err
     _CACHE[key] = Topology(key, hardware.get(match.group("gen")), desc)
     return _CACHE[key]
+
+
+def _check_dimensions(name: str, gen: str, shape: str) -> None:
+    """Refuse a shape with the wrong number of dimensions for its generation: v5e and v6e
+    slices are 2-D grids of chips, v4 and v5p 3-D (the hardware table's verified shapes
+    say which). libtpu itself compiles ``v5e:2x2x2`` as an 8-chip 3-D v5e that no one can
+    rent, with no word that it is not a real slice."""
+    verified = VERIFIED_TOPOLOGIES[gen]
+    want = {len(s.split("x")) for s in verified}
+    got = len(shape.split("x"))
+    if got in want:
+        return
+    chips = math.prod(int(d) for d in shape.split("x"))
+    same = [f"{gen}:{s}" for s in verified
+            if math.prod(int(d) for d in s.split("x")) == chips]
+    dims = " or ".join(f"{d}-D" for d in sorted(want))
+    raise errors.CourseValueError(
+        f"TPU topology {name!r}: {gen} slices are {dims} ({'x'.join(['N'] * min(want))}), "
+        f"not {got}-D, so no real {gen} slice has this shape. "
+        + (f"For {chips} chip{'s' * (chips > 1)} use {' or '.join(same)}. " if same else "")
+        + f"Verified {gen} targets: {', '.join(f'{gen}:{s}' for s in verified)}.")
 
 
 def as_topology(target: "Topology | str", name: str = "target") -> Topology:
