@@ -29,7 +29,7 @@
 # grades that recorded value. (`tpu-course grade` re-runs the notebook and grades the value
 # in the cell.)
 #
-# Notation as in the chapter: C[M x N] = A[M x K] @ B[K x N] on an array of `R` rows and
+# Notation as in the chapter: Y[M x N] = A[M x K] @ B[K x N] on an array of `R` rows and
 # `C` columns; `F` folds (tiles of B the array takes one after another), `T` vectors
 # streamed per fold; cycles are numbered from 0.
 

@@ -23,11 +23,16 @@
 # not fit it. It ends with the chip around the matrix unit and with bf16, the number
 # format it computes in.
 #
-# **Notation (used in every chapter).** A matmul is C[M x N] = A[M x K] @ B[K x N]. The
-# array has `R` rows and `C` columns of cells (128 x 128 on TPU v2 to v5p, 256 x 256 on
-# v6e). A *MAC* is one multiply-accumulate `c += a * b`. A *cycle* is one clock period: in
-# it every cell does at most one MAC and every register passes its value one cell on. A
-# *fold* is one tile of the problem that fits the array.
+# **Notation** (one meaning per symbol, in every chapter that uses it):
+#
+# | symbol | meaning |
+# | --- | --- |
+# | Y[M x N] = A[M x K] @ B[K x N] | the matmul: `Y` the product (never `C`), `K` the contracted dimension |
+# | `R`, `C` | the array's rows and columns of cells (128 x 128 on TPU v2 to v5p, 256 x 256 on v6e) |
+# | MAC | one multiply-accumulate `y += a * b` |
+# | cycle | one clock period: every cell does at most one MAC, every register passes its value one cell on |
+# | `F` | folds: tiles of the problem that fit the array, run one after another |
+# | `T` | vectors streamed through the array per fold |
 
 # %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -150,7 +155,7 @@ plt.show()
 # * row `k` of the left edge buffer starts `k` cycles late (the *skew*): `a[i,k]` enters
 #   at cycle `R + i + k` and moves one column right per cycle;
 # * each cell adds `activation x weight` to the partial sum from the cell above and
-#   passes it down: `c[i,j]` leaves column `j` at the end of cycle `R + i + (R - 1) + j`.
+#   passes it down: `y[i,j]` leaves column `j` at the end of cycle `R + i + (R - 1) + j`.
 
 # %% slideshow={"slide_type": "subslide"}
 def skew(A, R):
@@ -178,7 +183,7 @@ def ws_array(A, B, R, C):
         x = feed[s] if s < len(feed) else 0 * feed[0]
         act = np.hstack([x[:, None], act[:, :-1]])       # one cell right
         psum = np.vstack([top, psum[:-1]]) + act * w     # one cell down, + MAC
-        i, j = s - (R - 1) - np.arange(C), np.arange(C)  # row of C leaving each column
+        i, j = s - (R - 1) - np.arange(C), np.arange(C)  # row of Y leaving each column
         ok = (i >= 0) & (i < M)
         out[i[ok], j[ok]], done[i[ok], j[ok]] = psum[R - 1, ok], True
         registers.append((act, psum))
@@ -278,17 +283,17 @@ print("useful MACs per cycle:", run.macs_per_cycle.tolist())
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "self-paced"}
 # ## 3. Three dataflows
 #
-# What stays in the cells is a design choice. For C[M x N] = A[M x K] @ B[K x N] on `R`
+# What stays in the cells is a design choice. For Y[M x N] = A[M x K] @ B[K x N] on `R`
 # rows and `C` columns of cells:
 #
 # | dataflow | stays in the cells | streams through | array rows hold | array columns hold | vectors per fold `T` | folds |
 # | --- | --- | --- | :-: | :-: | :-: | --- |
 # | `"ws"` weight-stationary (the MXU) | B, the weights | rows of A from the left; partial sums down | K | N | M | ceil(K/R) x ceil(N/C) |
 # | `"is"` input-stationary | A, transposed | columns of B from the left; partial sums down | K | M | N | ceil(K/R) x ceil(M/C) |
-# | `"os"` output-stationary | C, the accumulators | A from the left and B from the top | M | N | K | ceil(M/R) x ceil(N/C) |
+# | `"os"` output-stationary | Y, the accumulators | A from the left and B from the top | M | N | K | ceil(M/R) x ceil(N/C) |
 #
 # Input-stationary is the weight-stationary machine with the operands' roles swapped
-# (it computes C transposed). Output-stationary loads nothing before it streams, but its
+# (it computes Y transposed). Output-stationary loads nothing before it streams, but its
 # finished results must shift out of the bottom edge (`R` more cycles after the last
 # fold). Every fold of every dataflow streams `T` vectors through the skewed array, so the
 # cycle count of section 2 holds with this table's `T`. Same product, different costs:
@@ -296,7 +301,7 @@ print("useful MACs per cycle:", run.macs_per_cycle.tolist())
 # %% slideshow={"slide_type": "subslide"}
 A2 = np.random.default_rng(0).integers(-3, 4, (12, 10))
 B2 = np.random.default_rng(1).integers(-3, 4, (10, 6))
-print(f"C[12x6] = A[12x10] @ B[10x6] on a 4x4 array")
+print(f"Y[12x6] = A[12x10] @ B[10x6] on a 4x4 array")
 for df in systolic.DATAFLOWS:
     r = systolic.simulate(A2, B2, 4, 4, dataflow=df)
     assert (r.result == A2 @ B2).all()

@@ -769,10 +769,14 @@ report          # the full table (errors at the level of float32 rounding vary b
 # loss, gradients, step, and what the difference looks like.
 
 # %% slideshow={"slide_type": "skip"}
+ports = {"the port above": report}
+
+
 def plant(name, params=jax_params, fwd=forward, reduce=jnp.mean):
     loss = lambda p, x, y: cross_entropy(p, x, y, forward=fwd, reduce=reduce)
     got = parity.jax_trace(params, x_nhwc, y, forward=fwd, loss_fn=loss, step=sgd_step(loss))
-    print(f"{name}:\n  {parity.compare(ref.expected, got).summary()}\n")
+    ports[name] = parity.compare(ref.expected, got)
+    print(f"{name}:\n  {ports[name].summary()}\n")
 
 transposed = dict(jax_params, fc2=dict(jax_params["fc2"], kernel=jnp.asarray(sd["fc2.weight"])))
 # (just the parameters: with a transposed kernel the forward pass would not even run)
@@ -789,6 +793,11 @@ def forward_no_bias(params, x):
 plant("fc1 bias forgotten", fwd=forward_no_bias)
 plant("flattened NHWC, not NCHW", fwd=lambda p, x: forward(p, x, flatten_like_torch=False))
 plant("loss summed, not averaged", reduce=jnp.sum)
+
+# %% slideshow={"slide_type": "subslide"}
+# Every port against the reference: a row per port, a column per array in the order the
+# report reads them; green is within tolerance, red past it.
+parity.plot_reports(ports);
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "one-day"}
 # Each mistake is named at the layer where it happens: the transposed kernel at

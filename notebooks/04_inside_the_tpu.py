@@ -28,10 +28,17 @@
 # the program a v5e or v6e would run. Every such cell says "compile-only". Without the
 # extra those cells print a note and skip; everything else still runs.
 #
-# **Notation** (fixed for the chapter). $F$: floating-point operations (a multiply and
-# an add are 2). $B$: bytes moved between HBM and the chip. $I = F/B$: arithmetic
-# intensity. $P$: peak FLOP/s. $W$: HBM bandwidth in bytes/s. $I^* = P/W$: the ridge
-# point (critical intensity).
+# **Notation** (one meaning per symbol in this chapter):
+#
+# | symbol | meaning |
+# | --- | --- |
+# | $F$ | floating-point operations (a multiply and an add are 2) |
+# | $B$ | bytes moved between HBM and the chip |
+# | $I = F/B$ | arithmetic intensity, FLOPs per byte |
+# | $P$ | peak FLOP/s |
+# | $W$ | HBM bandwidth, bytes/s |
+# | $I^* = P/W$ | the ridge point (critical intensity) |
+# | $M$, $D$, $H$ | the layer's batch (rows of `x`), inputs and outputs: `x: [M, D]`, `W: [D, H]` |
 
 # %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -113,14 +120,14 @@ if not AOT:
 # no data.
 
 # %% slideshow={"slide_type": "subslide"}
-B, D, H = 64, 512, 256
+M, D, H = 64, 512, 256
 
 
 def layer(x, w, b):
     return jax.nn.relu(x @ w + b)
 
 
-args = (jax.ShapeDtypeStruct((B, D), jnp.float32), jax.ShapeDtypeStruct((D, H), jnp.float32),
+args = (jax.ShapeDtypeStruct((M, D), jnp.float32), jax.ShapeDtypeStruct((D, H), jnp.float32),
         jax.ShapeDtypeStruct((H,), jnp.float32))
 traced = jax.jit(layer).trace(*args)  # 1. trace: the jaxpr
 lowered = traced.lower()  # 2. lower: StableHLO (jax.jit(layer).lower(*args) does 1 and 2)
@@ -293,14 +300,14 @@ print(f"unfused / fused time: {bench.compare(t_fused, t_unfused) ** -1:.2f}x; "
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 7, "agenda": "half-day"}
 # ## 3. FLOPs and bytes: XLA against a hand count
 #
-# For the layer, count by hand. The matmul does $2 \cdot B \cdot D \cdot H$ FLOPs (each
-# of the $B \cdot H$ outputs is a sum of $D$ products: a multiply and an add each); the
+# For the layer, count by hand. The matmul does $2 \cdot M \cdot D \cdot H$ FLOPs (each
+# of the $M \cdot H$ outputs is a sum of $D$ products: a multiply and an add each); the
 # bias add and the relu one FLOP per output element each. The bytes: read $x$, $W$, $b$
 # once, write $y$ once, 4 bytes per fp32 element.
 
 # %% slideshow={"slide_type": "subslide"}
-hand_flops = 2 * B * D * H + 2 * B * H
-hand_bytes = (B * D + D * H + H + B * H) * 4
+hand_flops = 2 * M * D * H + 2 * M * H
+hand_bytes = (M * D + D * H + H + M * H) * 4
 
 
 def count_row(name, flops, nbytes):
@@ -309,7 +316,7 @@ def count_row(name, flops, nbytes):
 
 
 count_row("hand count", hand_flops, hand_bytes)
-intermediate = B * H * 4  # the matmul's [B, H] fp32 result
+intermediate = M * H * 4  # the matmul's [M, H] fp32 result
 count_row("hand, matmul result unfused", hand_flops, hand_bytes + 2 * intermediate)
 if AOT:
     count_row("XLA, TPU v5e (compile-only)", tpu_report.flops, tpu_report.bytes_accessed)
@@ -342,12 +349,12 @@ for name, nbytes in (("hand count", hand_bytes), ("unfused hand count", hand_byt
 # %% slideshow={"slide_type": "skip"}
 if AOT:
     print(f"memory analysis: arguments {tpu_report.argument_bytes:,} B "
-          f"(x + W + b = {(B * D + D * H + H) * 4:,}), output {tpu_report.output_bytes:,} B, "
+          f"(x + W + b = {(M * D + D * H + H) * 4:,}), output {tpu_report.output_bytes:,} B, "
           f"temporaries {tpu_report.temp_bytes:,} B")
     per_operand = {"x (operand 0)": "bytes accessed0{}", "W (operand 1)": "bytes accessed1{}",
                    "b (operand 2)": "bytes accessed2{}", "output": "bytes accessedout{}"}
-    floors = {"x (operand 0)": B * D * 4, "W (operand 1)": D * H * 4, "b (operand 2)": H * 4,
-              "output": B * H * 4}
+    floors = {"x (operand 0)": M * D * 4, "W (operand 1)": D * H * 4, "b (operand 2)": H * 4,
+              "output": M * H * 4}
     for what, key in per_operand.items():
         got = tpu_report.cost.get(key, 0.0)
         print(f"  cost analysis, {what:<14} {got:>11,.0f} B = {got / floors[what]:5.2f} x its size")
@@ -550,7 +557,7 @@ else:
 #
 # The MXU's padding follows from its width. A dimension $d$ mapped onto an array of
 # width $w$ uses $\lceil d/w \rceil$ blocks, of which a fraction $d / (w\lceil d/w
-# \rceil)$ does useful work. For a `[B, K] @ [K, N]` matmul the contracted $K$ and the
+# \rceil)$ does useful work. For a `[M, K] @ [K, N]` matmul the contracted $K$ and the
 # output width $N$ both land on the array:
 
 # %% slideshow={"slide_type": "skip"}

@@ -33,9 +33,17 @@
 # | **real** | the chips of this runtime | only when it has several |
 # | **aot** | compile-only TPU topologies (`v5e:2x4` = a Kaggle v5e-8) | where `libtpu` matching this jax is installed |
 #
-# **Notation** (the scaling book's): $V$ bytes in a collective, $|X|$ devices on the mesh
-# axis, $W_{ici}$ the *bidirectional* ICI bandwidth per axis, $C$ peak FLOP/s per chip,
-# $B$ tokens, $D$ = d_model, $F$ = d_ff.
+# **Notation** (the scaling book's; one meaning per symbol in this chapter):
+#
+# | symbol | meaning |
+# | --- | --- |
+# | $V$ | bytes in a collective (its operand, per device) |
+# | $X$, $Y$ | mesh axes; $\lvert X \rvert$ is the number of devices on axis $X$ |
+# | $W_{ici}$ | the *bidirectional* ICI bandwidth of one axis, bytes/s per chip |
+# | $W_{dcn}$ | the data-center network's bandwidth per chip, bytes/s |
+# | $C$ | peak FLOP/s per chip |
+# | $B$ | tokens in the batch (per step; "per slice" where said) |
+# | $D$, $F$ | d_model and d_ff of the MLP block |
 
 # %% slideshow={"slide_type": "skip"}
 # Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
@@ -957,9 +965,10 @@ for s, losses in curves.items():
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "one-day"}
 # ## 8. A cost audit
 #
-# Chips x hours x price. Prices come from `costs.PRICES_USD_PER_CHIP_HOUR`, dated and
-# **marked unverified** (the pricing page could not be checked from this build; see its
-# docstring); MFU is model FLOPs per second over the chips' peak. The sim tier's CPU has
+# Chips x hours x price. The prices below are the course's dated **examples**
+# (`costs.PRICES_USD_PER_CHIP_HOUR`, unverified; chapter 2): pass today's price for your
+# region as `usd_per_chip_hour=` and the totals are yours. MFU is model FLOPs per second
+# over the chips' peak. The sim tier's CPU has
 # no TPU peak, so its MFU is not defined: it is computed only on a TPU runtime.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}

@@ -173,16 +173,16 @@ ch04.check_chain_time(chain_time_s)
 # %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 4: a layer by hand, against XLA (10 min)
 #
-# Predict the FLOPs of `relu(x @ w + b)` (`ch04.layer`) for `x: [B, D]`, `w: [D, H]`,
-# `b: [H]` in `layer_flops(B, D, H)`, by hand (not by asking XLA: a `layer_flops` that
+# Predict the FLOPs of `relu(x @ w + b)` (`ch04.layer`) for `x: [M, D]`, `w: [D, H]`,
+# `b: [H]` in `layer_flops(M, D, H)`, by hand (not by asking XLA: a `layer_flops` that
 # compiles is refused), and record it in the cell after. The case is `ch04.LAYER_4`, a
 # first layer on only a few input features. Then the next cell shows XLA's count on this
 # runtime; the check compares your count with XLA's within 5 %.
 
 # %%
-def layer_flops(B, D, H):
+def layer_flops(M, D, H):
     ### BEGIN SOLUTION Exercise 4 (a layer by hand, against XLA)
-    return 2 * B * D * H + B * H + B * H  # matmul, bias add, relu
+    return 2 * M * D * H + M * H + M * H  # matmul, bias add, relu
     ### END SOLUTION
 
 
@@ -194,8 +194,8 @@ with checks.skip_if_not_written():
 # %% tags=["nbval-ignore-output"]
 if ch04.LAB.predicted("Exercise 4"):
     with checks.skip_if_not_written():
-        B, D, H = ch04.LAYER_4
-        print(f"B, D, H = {B}, {D}, {H}: you predict {layer_flops(B, D, H):,} FLOPs; XLA "
+        M, D, H = ch04.LAYER_4
+        print(f"M, D, H = {M}, {D}, {H}: you predict {layer_flops(M, D, H):,} FLOPs; XLA "
               f"counts {ch04.xla_layer_flops(ch04.LAYER_4):,.0f} on this runtime")
 
 # %%

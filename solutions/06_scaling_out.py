@@ -246,7 +246,17 @@ if ch06.LAB.predicted("Exercise 3"):
 # data (the cost model's `reduce_scatter_time` against `all_reduce_time`). Grade a
 # prediction against the backend it was compiled for.
 #
-# ## Exercise 4 (transfer): a bidirectional ring all-reduce
+# The v5e-8 program also holds one **collective-permute** (43,008 bytes per device) that
+# the CPU program does not. The TPU keeps a 32-bit array in tiles of 8 rows (chapter 4).
+# The first weight's 784 rows split into shards of 98, not a whole number of tiles, so
+# the compiler pads the gradient to 832 rows and reduce-scatters 8 pieces of 104. Piece
+# *k* starts at row 104*k while the state's shard *k* starts at 98*k: each device passes
+# its neighbour the rows it holds but does not own, at most 7 x 6 = 42 rows of 256
+# floats, 43,008 bytes. It is layout bookkeeping, not the batch moving (the check's
+# message derives it from your step's shapes). Weights whose shards are whole tiles need
+# none.
+#
+# ## Exercise 4 (apply): a bidirectional ring all-reduce
 #
 # The chapter's ring sends every chunk one way round. ICI links carry traffic both ways
 # at once (the book's $W_{ici}$ is bidirectional), so a ring that sends half the data
@@ -280,7 +290,7 @@ def bidirectional_all_reduce(x, axis: str, n: int):
 ch06.check_bidirectional(bidirectional_all_reduce)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 5 (transfer): a hierarchical all-reduce across slices
+# ## Exercise 5 (apply): a hierarchical all-reduce across slices
 #
 # Two slices of 4 chips: a `("slice", "chip")` mesh of shape 2x4, where `"chip"` is ICI
 # and `"slice"` the data-centre network, 14-29x slower than one ICI axis (chapter 6,
@@ -305,7 +315,7 @@ def hierarchical_all_reduce(x):
 ch06.check_hierarchical(hierarchical_all_reduce)
 
 # %% [markdown] workshop={"agenda": "two-days"}
-# ## Exercise 6 (transfer): choose a strategy
+# ## Exercise 6 (apply): choose a strategy
 #
 # For `params` parameters on `chip` (`'v5e'`, `'v5p'`, `'v6e'`) trained with Adam, with
 # `tokens_per_slice` tokens per step on each of `slices` slices, return
@@ -353,7 +363,7 @@ for case in [("v5p", 8e10, 3e4, 2), ("v5p", 4e9, 1e5, 8)]:
         print(comms.recommend(*case))
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 7 (transfer): each process's rows of the global batch
+# ## Exercise 7 (apply): each process's rows of the global batch
 #
 # In the chapter's two-process run each process fed one contiguous block of every global
 # batch, `x[process_index * per:(process_index + 1) * per]`: right there because

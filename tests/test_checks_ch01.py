@@ -22,7 +22,7 @@ def test_registry_lists_every_exercise_with_a_transfer_and_a_prediction():
     lab = ch01.LAB
     assert [e.title for e in lab.exercises] == [ch01.EX1, ch01.EX2, ch01.EX3, ch01.EX4, ch01.EX5,
                                                 ch01.EX6]
-    assert {"transfer", "predict"} <= {e.kind for e in lab.exercises}
+    assert {"apply", "predict"} <= {e.kind for e in lab.exercises}
     assert lab.minutes == sum(e.minutes for e in lab.exercises) > 0
     # every exercise whose answer is a function is graded on unseen inputs too
     assert [e.hidden is not None for e in lab.exercises] == [True, True, False, True, True, False]

@@ -26,7 +26,7 @@ SEED = grading_seed("someone", 2)
 
 def test_registry_has_a_transfer_and_a_prediction():
     kinds = {e.kind for e in ch02.LAB.exercises}
-    assert {"transfer", "predict"} <= kinds and len(ch02.LAB.exercises) == 6
+    assert {"apply", "predict"} <= kinds and len(ch02.LAB.exercises) == 6
     assert ch02.LAB.find(4).predicts == ("predicted_copy_s",)
     for e in ch02.LAB.exercises:  # every function exercise has hidden inputs
         assert (e.hidden is not None) == (e.title in (ch02.EX1, ch02.EX2, ch02.EX3, ch02.EX5))

@@ -72,7 +72,7 @@ HONEST = {"xla_cost": xla_cost, "compute_bound_batch": compute_bound_batch,
 
 def test_registry():
     lab = ch04.LAB
-    assert len(lab.exercises) == 6 and {"transfer", "predict"} <= {e.kind for e in lab.exercises}
+    assert len(lab.exercises) == 6 and {"apply", "predict"} <= {e.kind for e in lab.exercises}
     assert lab.exercises[-1].needs == "tpu-compiler"
     for e in lab.exercises[:5]:  # every function exercise has hidden inputs
         assert e.hidden is not None, e.title
@@ -220,7 +220,7 @@ def test_chain_time_refuses_the_course_and_a_typed_chip_fails_hidden():
 @pytest.mark.parametrize("answer, words", [
     (lambda B, D, H: 2 * B * D * H, ["matmul alone", "bias add"]),
     (lambda B, D, H: B * D * H, ["multiply-adds"]),
-    (lambda B, D, H: 2 * D * H + 2 * H, ["one row", "batch B"]),
+    (lambda B, D, H: 2 * D * H + 2 * H, ["one row", "batch M"]),
     (lambda B, D, H: 3 * B * D * H, ["XLA's"]),
     (lambda B, D, H: None, ["number"]),
 ])

@@ -242,6 +242,7 @@ def test_lab6_compiling_checkers(subprocess_runner):
     assert "recorded before the measurement" in r["pred_edited_after"][1]
     if hlo.tpu_compiler_available():
         assert r["v5e"][0] == "passed", r["v5e"]
+        assert "43,008-byte collective-permute realigns shards" in r["v5e"][1]
         assert r["v5e_ar"][0] == "failed"
         assert r["v5e_garbage"][0] == "failed"
     else:
@@ -395,7 +396,7 @@ def test_prediction_form():
 
 def test_lab_registry():
     kinds = [e.kind for e in ch06.LAB.exercises]
-    assert kinds.count("transfer") >= 1 and kinds.count("predict") == 2
+    assert kinds.count("apply") >= 1 and kinds.count("predict") == 2
     assert [e.needs for e in ch06.LAB.exercises].count("tpu-compiler") == 1
     assert ch06.LAB.minutes == sum(e.minutes for e in ch06.LAB.exercises)
     for e in ch06.LAB.exercises:  # every written function is also checked on unseen inputs
@@ -477,3 +478,26 @@ def test_process_rows_refuses_course_code_and_lambdas():
         assert r.status == "failed" and "course's own function" in r.message, r
     r = ch06.check_process_rows(lambda b, s: b)
     assert r.status == "failed" and "lambda" in r.message, r
+
+
+def test_permute_note_explains_the_v5e_padding_permute():
+    """Lab 6 Ex 3's 43,008-byte collective-permute (seen in the v5e-8 compile): 784 rows
+    over 8 devices are 98-row shards, padded to 104-row tiles for the reduce-scatter; the
+    note derives 42 rows (7 x 6) from the shapes, and says nothing for another permute."""
+    from types import SimpleNamespace as NS
+
+    import jax
+
+    def report(*collectives):
+        return NS(collectives=[NS(kind=k, shape=s, bytes=b) for k, s, b in collectives])
+
+    state = [jax.ShapeDtypeStruct((784, 256), np.float32), jax.ShapeDtypeStruct((256,), np.float32)]
+    seen = report(("reduce-scatter", (832, 256), 851_968),
+                  ("collective-permute", (42, 256), 43_008))
+    note = ch06._permute_note(seen, state, 8)
+    assert "43,008-byte collective-permute" in note and "8 pieces of 104 rows" in note
+    assert "shards of 98 rows" in note and "7 x 6 = 42" in note
+    assert ch06._permute_note(report(("collective-permute", (5, 256), 5120)), state, 8) == ""
+    assert ch06._permute_note(report(("all-gather", (98, 256), 100_352)), state, 8) == ""
+    whole_tiles = [jax.ShapeDtypeStruct((1024, 256), np.float32)]
+    assert ch06._permute_note(seen, whole_tiles, 8) == ""

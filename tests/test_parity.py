@@ -301,3 +301,23 @@ def test_report_renders_every_row_as_text_and_html(ref):
     page = report._repr_html_()
     assert page.count("<tr>") == 1 + len(ref.expected)
     assert "scaled by 8" in page
+
+
+def test_plot_reports_colours_each_array_by_its_error_over_the_tolerance(ref):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    good = parity.compare(ref.expected, trace(ref))
+    got = dict(trace(ref))
+    del got["forward/fc1"]
+    missing = parity.compare(ref.expected, got)
+    ax = parity.plot_reports({"port": good, "no fc1": missing})
+    grid = ax.images[0].get_array()
+    names = [r.name for r in good.rows]
+    assert grid.shape == (2, len(names))
+    assert np.all(grid[0] <= 1)  # the correct port: every array within its tolerance
+    col = names.index("forward/fc1")
+    assert np.ma.is_masked(grid[1, col]) or np.isnan(grid[1, col])  # missing: a cross
+    assert [t.get_text() for t in ax.texts] == ["x"]
+    with pytest.raises(ValueError, match="at least one"):
+        parity.plot_reports({})

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from tpu_course import tables
+from tpu_course import errors, tables
 
 REFERENCE_DIR = pathlib.Path(__file__).resolve().parent / "reference"
 KINDS = ("params", "forward", "loss", "grad", "step")
@@ -373,6 +373,43 @@ class ParityReport:
         return (f"<p style='color:{colour}'><b>{html.escape(self.summary())}</b></p>"
                 + tables.html(rows, header=("array", "shape", "max |err|", "max |ref|",
                                             "tolerance", "verdict")))
+
+
+def plot_reports(reports: Mapping[str, ParityReport], ax: Any = None) -> Any:
+    """A heatmap of several ports against one reference: one row per port, one column per
+    array (in order: parameters, layer outputs, loss, gradients, step), coloured by how far
+    the error is past its tolerance, ``max|err| / (atol + rtol * max|ref|)`` on a log scale.
+    Green cells are within tolerance, red ones not; a cross marks an array of the wrong
+    shape (or missing). The first red cell of a row is where that port goes wrong.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    if not reports:
+        raise errors.CourseValueError("reports={}: give at least one {name: ParityReport}")
+    names = [r.name for r in next(iter(reports.values())).rows]
+    grid = np.full((len(reports), len(names)), np.nan)
+    crosses = []
+    for i, report in enumerate(reports.values()):
+        by_name = {r.name: r for r in report.rows}
+        for j, name in enumerate(names):
+            row = by_name.get(name)
+            if row is None or not np.isfinite(row.max_abs_err):
+                crosses.append((j, i))
+                continue
+            allowed = row.tolerance.atol + row.tolerance.rtol * row.max_ref
+            grid[i, j] = max(row.max_abs_err / allowed, 1e-3)
+    if ax is None:
+        ax = plt.subplots(figsize=(min(12, 1.2 + 0.45 * len(names)), 0.9 + 0.5 * len(reports)))[1]
+    image = ax.imshow(grid, cmap="RdYlGn_r", norm=LogNorm(1e-3, 1e3), aspect="auto")
+    for j, i in crosses:
+        ax.text(j, i, "x", ha="center", va="center", color="#cf222e", fontweight="bold")
+    ax.set_xticks(range(len(names)), names, rotation=60, ha="right", rotation_mode="anchor",
+                  fontsize=8)
+    ax.set_yticks(range(len(reports)), list(reports), fontsize=9)
+    ax.figure.colorbar(image, ax=ax, label="error / tolerance (1 = the limit)")
+    ax.set_title("Where each port first leaves the reference")
+    return ax
 
 
 def _sort_key(name: str) -> int:

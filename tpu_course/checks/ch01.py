@@ -713,7 +713,7 @@ def _batch_mistake(number: float, K: int, N: int, r: int, c: int, want: int) -> 
             "(careful: max(M, R) between folds), and solve for >= 0.9")
 
 
-@LAB.exercise(EX4, minutes=15, kind="transfer", hidden=lambda rng: _ex4_hidden(rng))
+@LAB.exercise(EX4, minutes=15, kind="apply", hidden=lambda rng: _ex4_hidden(rng))
 def check_smallest_batch(smallest_batch: Callable[..., Any],
                          cases: tuple[tuple[int, int, int, int], ...] = BATCH_CASES,
                          time_limit_s: float = 20.0) -> CheckResult:
@@ -845,7 +845,7 @@ def _dataflow_hint(chosen: list[tuple[tuple[int, int, int, int, int], str]]) -> 
             "drain for 'os')")
 
 
-@LAB.exercise(EX5, minutes=15, kind="transfer", hidden=lambda rng: _ex5_hidden(rng))
+@LAB.exercise(EX5, minutes=15, kind="apply", hidden=lambda rng: _ex5_hidden(rng))
 def check_best_dataflow(best_dataflow: Callable[..., Any],
                         cases: tuple[tuple[int, int, int, int, int], ...] = DATAFLOW_CASES
                         ) -> CheckResult:

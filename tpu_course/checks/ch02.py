@@ -623,7 +623,7 @@ def check_fraction_of_peak(fraction_of_peak: Callable[[float, float, str], Any],
 # -- Exercise 6 ------------------------------------------------------------------------
 
 
-@LAB.exercise(EX6, minutes=15, needs="accelerator", kind="transfer")
+@LAB.exercise(EX6, minutes=15, needs="accelerator", kind="apply")
 def check_half_peak(half_peak_n: Any, slack: float = 1.5) -> CheckResult:
     """Exercise 6: the smallest square bf16 matmul size n (from the sweep's powers of two)
     at which this chip reaches half its dense bf16 peak, or None if none up to 8192 does.

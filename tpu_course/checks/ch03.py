@@ -323,7 +323,7 @@ def _static_arguments(fn: Any, w: Any, g: Any) -> list[str]:
     return found
 
 
-@LAB.exercise(EX3, minutes=15, kind="transfer", hidden=_ex3_hidden)
+@LAB.exercise(EX3, minutes=15, kind="apply", hidden=_ex3_hidden)
 def check_recompile_fix(update_fixed: Callable[..., Any], *, lrs: tuple[float, ...] = LRS,
                         steps: tuple[int, ...] = STEPS, size: int = 4,
                         seed: int = 6) -> CheckResult:
@@ -454,7 +454,7 @@ def _ex4_hidden(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
                                   "seed": int(rng.integers(1 << 16))})]
 
 
-@LAB.exercise(EX4, minutes=15, kind="transfer", hidden=_ex4_hidden)
+@LAB.exercise(EX4, minutes=15, kind="apply", hidden=_ex4_hidden)
 def check_per_example_norms(per_example_grad_norms: Callable[[Any, Any, Any], Any], *,
                             seed: int = 5, n: int = 6, d_in: int = 3, d_hidden: int = 5,
                             d_out: int = 2) -> CheckResult:

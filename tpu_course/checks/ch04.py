@@ -235,7 +235,7 @@ def _hidden_batch(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
              {"cases": ((small, small + 5, chips[0]),)})]
 
 
-@LAB.exercise(EX2, minutes=10, kind="transfer", hidden=_hidden_batch)
+@LAB.exercise(EX2, minutes=10, kind="apply", hidden=_hidden_batch)
 def check_compute_bound_batch(compute_bound_batch: Callable[..., Any],
                               cases: Sequence[tuple[int, int, str]] = (
                                   (4096, 4096, "v5e"), (8192, 2048, "v6e"),
@@ -318,7 +318,7 @@ def _hidden_chain(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
                                                        (chain[::-1][:3], chips[1]))})]
 
 
-@LAB.exercise(EX3, minutes=10, kind="transfer", hidden=_hidden_chain)
+@LAB.exercise(EX3, minutes=10, kind="apply", hidden=_hidden_chain)
 def check_chain_time(chain_time_s: Callable[..., Any], rel: float = 0.02,
                      cases: Sequence[tuple[Sequence[tuple[float, float]], str]] = (
                          ((_mm(4096), _ew(2 * 8192 * 8192)), "v5e"),
@@ -368,16 +368,16 @@ def check_chain_time(chain_time_s: Callable[..., Any], rel: float = 0.02,
 # -- Exercise 4: a layer by hand, against XLA ----------------------------------------------
 
 def xla_layer_flops(shape: tuple[int, int, int]) -> float | None:
-    """XLA's FLOP count of :func:`layer` for ``(B, D, H)`` in float32 on this runtime (the
+    """XLA's FLOP count of :func:`layer` for ``(M, D, H)`` in float32 on this runtime (the
     measurement Exercise 4 shows once its prediction is recorded)."""
     import jax
     import jax.numpy as jnp
 
     from tpu_course import hlo
 
-    B, D, H = shape
+    M, D, H = shape
     S = jax.ShapeDtypeStruct
-    return hlo.inspect(layer, S((B, D), jnp.float32), S((D, H), jnp.float32),
+    return hlo.inspect(layer, S((M, D), jnp.float32), S((D, H), jnp.float32),
                        S((H,), jnp.float32)).flops
 
 
@@ -404,26 +404,26 @@ def check_xla_flops(layer_flops: Callable[[int, int, int], Any], rel: float = 0.
     if asked:
         refuse(EX4, f"your layer_flops asks the compiler ({asked}): this is a prediction",
                hint="count by hand: the matmul, then each elementwise operation per element")
-    B, D, H = shape
-    got = as_number(EX4, layer_flops(B, D, H), f"layer_flops({B}, {D}, {H})")
+    M, D, H = shape
+    got = as_number(EX4, layer_flops(M, D, H), f"layer_flops({M}, {D}, {H})")
     xla = xla_layer_flops(shape)
     if xla is None:
         return ok(EX4, "this backend reports no FLOP count; your count could not be compared")
-    answer = f"B, D, H = {B}, {D}, {H}: XLA counts {xla:,.0f} FLOPs"
+    answer = f"M, D, H = {M}, {D}, {H}: XLA counts {xla:,.0f} FLOPs"
     if close_enough(got, xla, rel):
         return ok(EX4, f"XLA counts {xla:,.0f}; you said {got:,.0f} (within {rel:.0%}). With "
-                       f"D = {D}, the matmul's 2*B*D*H is only {2 * B * D * H / xla:.0%} of it")
-    matmul = 2 * B * D * H
+                       f"D = {D}, the matmul's 2*M*D*H is only {2 * M * D * H / xla:.0%} of it")
+    matmul = 2 * M * D * H
     if close_enough(got, matmul, 1e-9):
         hint = (f"that is the matmul alone; with only D = {D} inputs per output, the bias add "
                 "and the relu (one FLOP per output element each) are a large share: count them")
-    elif close_enough(got * 2, matmul, 1e-9) or close_enough(got, matmul / 2 + 2 * B * H, 1e-9):
+    elif close_enough(got * 2, matmul, 1e-9) or close_enough(got, matmul / 2 + 2 * M * H, 1e-9):
         hint = "counted multiply-adds? each is 2 FLOPs"
-    elif close_enough(got * B, xla, rel):
-        hint = "that is the count for one row of x: multiply by the batch B"
+    elif close_enough(got * M, xla, rel):
+        hint = "that is the count for one row of x: multiply by the batch M (the rows of x)"
     else:
-        hint = "the matmul's 2*B*D*H, plus one FLOP per output element for each elementwise op"
-    refuse(EX4, f"for B, D, H = {B}, {D}, {H} your count is {got / xla:.3g}x XLA's",
+        hint = "the matmul's 2*M*D*H, plus one FLOP per output element for each elementwise op"
+    refuse(EX4, f"for M, D, H = {M}, {D}, {H} your count is {got / xla:.3g}x XLA's",
            hint=hint, answer=answer)
 
 
@@ -448,7 +448,7 @@ def _hidden_padded(rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]
              {"cases": ((cols[(cols.index(b) + 1) % len(cols)], 2),)})]
 
 
-@LAB.exercise(EX5, minutes=12, kind="transfer", hidden=_hidden_padded)
+@LAB.exercise(EX5, minutes=12, kind="apply", hidden=_hidden_padded)
 def check_tpu_bytes(tpu_bytes: Callable[..., Any],
                     cases: Sequence[tuple[tuple[int, int], int]] = (
                         ((40, 300), 4), ((17, 127), 2), ((1000, 12), 4)),

@@ -258,9 +258,11 @@ def _fsdp_verdict(shard_fsdp: Callable, width: int = WIDTH, devices: int = 8, *,
 
     kinds = {c.kind for c in report.collectives}
     if kinds & {"all-to-all", "collective-permute"}:
-        refuse(EX2, "the compiled step reshards activations (all-to-all or "
-                    "collective-permute): the compiler chose to move the batch rather "
-                    "than gather the weights",
+        refuse(EX2, "the compiled step moves activations between devices (all-to-all or "
+                    "collective-permute): without whole parameters where the step uses them, "
+                    "XLA reshards the batch's activations to meet the weight shards instead "
+                    "of gathering the weights (on this CPU mesh a right FSDP step has only "
+                    "all-gathers and all-reduces)",
                hint="inside the step, constrain the parameters to be whole "
                     "(jax.lax.with_sharding_constraint with a replicated sharding) before "
                     "the chapter-5 step uses them, as the chapter's FSDP cell does")
@@ -412,7 +414,45 @@ def check_v5e_kind(predicted_v5e_kind: Any, shard_fsdp: Callable) -> CheckResult
     return ok(EX3, f"on the v5e-8 the gradients go through a {kind} (an all-reduce sliced to each "
                    f"shard in one fusion); its operand is the whole gradient, as on the CPU, but "
                    f"each chip receives only its shard: half the ring traffic of an all-reduce. "
-                   f"All kinds: {dict(sorted(compiled.items()))}")
+                   f"All kinds: {dict(sorted(compiled.items()))}. "
+                   + _permute_note(report, abstract, 8))
+
+
+#: Rows of a TPU tile for 32-bit data: the second-to-last dimension of an array in
+#: memory comes in multiples of 8 (the sublanes of a vreg, chapter 4 section 3).
+_SUBLANES = 8
+
+
+def _permute_note(report: Any, state: Any, devices: int) -> str:
+    """What a collective-permute in an FSDP step compiled for a TPU is, computed from the
+    state's shapes: a leaf whose shard has a row count that is not a multiple of 8 (784 / 8
+    = 98 rows) is padded to whole 8-row tiles for the reduce-scatter (8 x 104 = 832 rows);
+    the reduce-scatter's 104-row pieces then sit 6 rows further along per device than the
+    98-row shards the state keeps, so each device passes the rows it does not own to its
+    neighbour: up to 7 x 6 = 42 rows (42 x 256 x 4 B = 43,008 B). ``""`` when there is no
+    permute, or when it is not that (the message then says nothing it cannot back)."""
+    import jax
+
+    permutes = [c for c in report.collectives if c.kind == "collective-permute"]
+    if not permutes:
+        return ""
+    for leaf in jax.tree.leaves(state):
+        shape = tuple(getattr(leaf, "shape", ()))
+        if len(shape) < 2 or shape[0] % devices:
+            continue
+        shard = shape[0] // devices
+        padded = -(-shard // _SUBLANES) * _SUBLANES
+        moved = (devices - 1) * (padded - shard)
+        for c in permutes:
+            if padded != shard and tuple(c.shape) == (moved, *shape[1:]):
+                return (f"The {c.bytes:,}-byte collective-permute realigns shards: the TPU "
+                        f"keeps arrays in tiles of {_SUBLANES} rows, so the reduce-scatter of "
+                        f"the {list(shape)} gradient works on {devices} pieces of {padded} rows "
+                        f"({devices * padded} rows, padded), while the state keeps shards of "
+                        f"{shard} rows; each device passes its neighbour the rows it holds "
+                        f"but does not own, at most {devices - 1} x {padded - shard} = {moved} "
+                        f"rows. Parameters whose shards are whole tiles need no permute.")
+    return ""
 
 
 def _run_shard_map(fn: Callable, mesh: Any, in_spec: Any, x: Any) -> tuple[Any, Any]:
@@ -431,7 +471,7 @@ def _ring_cases(rng: Any) -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
-@LAB.exercise(EX4, minutes=25, kind="transfer", hidden=_ring_cases)
+@LAB.exercise(EX4, minutes=25, kind="apply", hidden=_ring_cases)
 def check_bidirectional(bidirectional_all_reduce: Callable, n: int = 8,
                         block: tuple[int, int] = (1, 35)) -> CheckResult:
     """Exercise 4: ``bidirectional_all_reduce(x, axis, n)`` inside ``shard_map`` (on a ring of
@@ -490,7 +530,7 @@ def _slice_cases(rng: Any) -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
-@LAB.exercise(EX5, minutes=20, kind="transfer", hidden=_slice_cases)
+@LAB.exercise(EX5, minutes=20, kind="apply", hidden=_slice_cases)
 def check_hierarchical(hierarchical_all_reduce: Callable, mesh_shape: tuple[int, int] = (2, 4),
                        block: tuple[int, int] = (16, 12)) -> CheckResult:
     """Exercise 5: on a ``("slice", "chip")`` mesh (2x4 in the notebook),
@@ -625,7 +665,7 @@ def _strategy_hidden(rng: Any) -> list[tuple[str, dict[str, Any]]]:
     return [("other chips, model sizes, batches and slice counts", {"cases": tuple(cases)})]
 
 
-@LAB.exercise(EX6, minutes=10, kind="transfer", hidden=_strategy_hidden)
+@LAB.exercise(EX6, minutes=10, kind="apply", hidden=_strategy_hidden)
 def check_strategy(choose: Callable[[str, float, float, int], tuple[str, str]],
                    cases: Sequence[tuple[str, float, float, int]] = STRATEGY_CASES
                    ) -> CheckResult:
@@ -694,7 +734,7 @@ def _span(rows: Sequence[int]) -> str:
     return "rows " + ", ".join(map(str, rows))
 
 
-@LAB.exercise(EX7, minutes=15, kind="transfer", hidden=_rows_cases)
+@LAB.exercise(EX7, minutes=15, kind="apply", hidden=_rows_cases)
 def check_process_rows(process_rows: Callable, mesh_kind: str = "interleaved",
                        rows: int = 16) -> CheckResult:
     """Exercise 7: in a two-process run (2 CPU devices each, ``jax.distributed`` over gloo on
