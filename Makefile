@@ -100,15 +100,16 @@ test-colab: setup-colab
 # then its relative links checked offline.
 site: setup
 	rm -rf build/site
-	$(PY) -m sphinx -W --keep-going -q -b html -c docs . build/site
+	$(PY) -m sphinx -W --keep-going -q -b html -c docs -d build/doctrees . build/site
 	$(PY) -m tools.linkcheck build/site
 
 # One deck per chapter: build/slides/NN_<chapter>.slides.html + _assets/ (copy the folder).
 slides: setup
 	$(PY) -m tools.slides build --out build/slides
 
-# Site and decks in headless Chromium, network blocked (screenshots: build/screenshots/).
-test-site: site slides
+# Site and decks (make site builds them into build/site/slides too) in headless Chromium,
+# network blocked (screenshots: build/screenshots/).
+test-site: site
 	$(PY) -m pytest -q -s -ra -m site tests/test_site.py
 
 labs: setup

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.site
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
-SITE, SLIDES, SHOTS = BUILD / "site", BUILD / "slides", BUILD / "screenshots"
+SITE, SLIDES, SHOTS = BUILD / "site", BUILD / "site" / "slides", BUILD / "screenshots"
 CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
@@ -138,20 +138,133 @@ def test_home_page(server, browser):
                 assert any(link.endswith(f"/{folder}/{ipynb.stem}.html") for link in links), \
                     f"the home page does not link {folder}/{ipynb.stem}"
     _shot(browser, "home.png")
+    browser.set_window_size(390, 844)
+    _shot(browser, "home-phone.png")
+    browser.set_window_size(1280, 900)
+
+
+# Code blocks wider than the page's code column on a desktop (1400 px). The notebooks'
+# lines over 88 characters (CONTRIBUTING) are being shortened in the twins; until then
+# this is expected to fail (the lines are listed in issue 27's report).
+WIDE_CODE_LINES = 695  # 168 of them in the setup cells (hidden once tagged)
+
+CODE_OVERFLOW = """
+return Array.from(document.querySelectorAll('article div.highlight pre, article div.output pre'))
+  .filter(p => p.scrollWidth > p.clientWidth + 2)
+  .map(p => p.innerText.split('\\n').reduce((a, b) => a.length > b.length ? a : b).slice(0, 60));
+"""
 
 
 @pytest.mark.parametrize("ipynb", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_chapter_page(server, browser, ipynb):
+    browser.set_window_size(1400, 900)
     url = f"{server}/notebooks/{ipynb.stem}.html"
     seen = _open(browser, url)
     assert _title(ipynb) in browser.title, (browser.title, _title(ipynb))
     _assert_clean(url, seen)
-    launch = browser.execute_script(
-        "return Array.from(document.querySelectorAll('a')).map(a => a.href);")
-    assert any("colab.research.google.com" in link for link in launch), "no Colab launch link"
-    assert any("kaggle.com" in link for link in launch), "no Kaggle launch link"
+    badges = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article .course-launch a')).map(a => a.href);")
+    assert any("colab.research.google.com" in link for link in badges), "no Colab badge"
+    assert any("kaggle.com" in link for link in badges), "no Kaggle badge"
+    for folder in ("labs", "solutions"):  # linked from the page body
+        assert any(link.endswith(f"/{folder}/{ipynb.stem}.html") for link in badges), folder
+    text = browser.execute_script("return document.querySelector('article').innerText;")
+    assert not re.search(r"\b0%\|", text), "a progress bar frozen at 0 %"
+    assert "TPU_COURSE_SPEC" not in text or "course-setup" not in ipynb.read_text(), \
+        "the setup cell (tagged course-setup) is shown"
+    alts = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article img')).map(i => i.alt);")
+    hashed = [a for a in alts if re.search(r"[0-9a-f]{32}", a)]
+    assert not hashed, f"figures whose alt text is a file name: {hashed[:3]}"
     if ipynb.stem.startswith("01_"):
         _shot(browser, "chapter1.png")
+    browser.set_window_size(1280, 900)
+
+
+@pytest.mark.xfail(strict=False, reason=f"{WIDE_CODE_LINES} notebook lines over 88 characters "
+                   "(issue 27: the twins are being shortened)")
+def test_no_code_block_is_wider_than_its_column(server, browser):
+    browser.set_window_size(1400, 900)
+    wide = {}
+    try:
+        for folder in ("notebooks", "labs", "solutions"):
+            for ipynb in sorted((ROOT / folder).glob("*.ipynb")):
+                browser.get(f"{server}/{folder}/{ipynb.stem}.html")
+                found = browser.execute_script(CODE_OVERFLOW)
+                if found:
+                    wide[f"{folder}/{ipynb.stem}"] = found
+    finally:
+        browser.set_window_size(1280, 900)
+    assert not wide, f"code blocks wider than the column: {wide}"
+
+
+def test_lab_links_its_chapter_and_solution(server, browser):
+    lab = next(p for p in sorted((ROOT / "labs").glob("*.ipynb")))
+    _open(browser, f"{server}/labs/{lab.stem}.html")
+    links = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article .course-related a')).map(a => a.href);")
+    assert any(link.endswith(f"/notebooks/{lab.stem}.html") for link in links), links
+    assert any(link.endswith(f"/solutions/{lab.stem}.html") for link in links), links
+
+
+def test_sidebar_opens_on_a_phone_and_collapses_on_a_desktop(server, browser):
+    """The menu button works (pydata-sphinx-theme 0.20's second, hidden button: course.js)."""
+    url = f"{server}/notebooks/{CHAPTERS[0].stem}.html"
+    try:
+        for width in (390, 820, 1000):
+            browser.set_window_size(width, 844)
+            _open(browser, url)
+            visible = [b for b in browser.find_elements("css selector", ".primary-toggle")
+                       if b.is_displayed()]
+            assert visible, f"no visible menu button at {width} px"
+            def names():
+                return " ".join(a.text for a in browser.find_elements(
+                    "css selector", "nav.bd-links a") if a.is_displayed())
+
+            shown = "Chapter 1" in names()
+            visible[0].click()  # opens it (or, where it was shown, hides it)
+            time.sleep(0.4)
+            assert ("Chapter 1" in names()) != shown, f"the menu button did nothing at {width} px"
+            if shown:
+                visible[0].click()
+                time.sleep(0.4)
+            names = names()
+            assert "Chapter 1" in names and "Chapter 7" in names, \
+                f"the chapter list did not open at {width} px: {names[:200]!r}"
+            if width == 390:
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                browser.save_screenshot(str(SHOTS / "phone-sidebar.png"))
+        browser.set_window_size(1400, 900)
+        _open(browser, url)
+        sidebar = browser.find_element("css selector", "#pst-primary-sidebar")
+        assert sidebar.is_displayed()
+        [b for b in browser.find_elements("css selector", ".primary-toggle") if b.is_displayed()][0].click()
+        time.sleep(0.4)
+        assert not sidebar.is_displayed() or sidebar.size["width"] < 5, \
+            "the menu button did not collapse the sidebar on a desktop"
+    finally:
+        browser.set_window_size(1280, 900)
+
+
+def test_page_and_search_from_the_disk(browser):
+    """Opened from file:// (no server): a page loads cleanly, and search lists results
+    without console errors, saying how to get excerpts."""
+    page = (SITE / "notebooks" / f"{CHAPTERS[0].stem}.html").as_uri()
+    _assert_clean(page, _open(browser, page))
+    url = (SITE / "search.html").as_uri() + "?q=systolic"
+    seen = _open(browser, url)
+    deadline = time.time() + 20
+    results = []
+    while time.time() < deadline and not results:
+        results = browser.find_elements("css selector", "#search-results li")
+        time.sleep(0.2)
+    seen["errors"] += [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    _assert_clean(url, seen)
+    assert results, "search from file:// found nothing for 'systolic'"
+    assert "http.server" in browser.find_element("css selector", ".course-search-note").text
+    browser.set_window_size(1400, 900)
+    _shot(browser, "search-file.png")
+    browser.set_window_size(1280, 900)
 
 
 def test_chapter1_animation_steps_without_a_kernel(server, browser):
@@ -171,6 +284,33 @@ def test_chapter1_animation_steps_without_a_kernel(server, browser):
 
 DECKS = sorted(SLIDES.glob("*.slides.html"))
 
+# Where a slide's content runs past the slide, measured independently of the deck's own
+# fitting script: the slide's own scroll size, and every element's box against the
+# slide's box (reveal.js scales the whole deck, so both are in the same units).
+SLIDE_OVERFLOW = """
+const slide = Reveal.getCurrentSlide();
+const box = slide.getBoundingClientRect();
+const out = [];
+if (slide.scrollHeight > slide.clientHeight + 2) out.push(`scrolls ${slide.scrollHeight - slide.clientHeight}px`);
+if (slide.scrollWidth > slide.clientWidth + 2) out.push(`scrolls sideways ${slide.scrollWidth - slide.clientWidth}px`);
+for (const el of slide.querySelectorAll('*')) {
+  if (el.closest('aside.notes, mjx-assistive-mml')) continue;  // notes; MathJax's screen-reader copy
+  const r = el.getBoundingClientRect();
+  if (r.width === 0 || r.height === 0) continue;
+  if (r.right > box.right + 2 || r.bottom > box.bottom + 2) {
+    out.push(`${el.tagName.toLowerCase()}.${el.className} ends ${Math.round(r.right - box.right)}px right, ${Math.round(r.bottom - box.bottom)}px below`);
+    break;
+  }
+  const style = getComputedStyle(el);
+  if (/(auto|scroll|hidden)/.test(style.overflowX + style.overflowY) && el !== slide
+      && (el.scrollWidth > el.clientWidth + 2 || el.scrollHeight > el.clientHeight + 2)) {
+    out.push(`${el.tagName.toLowerCase()}.${el.className} cut or scrolled inside`);
+    break;
+  }
+}
+return out;
+"""
+
 
 def test_every_chapter_has_a_deck():
     names = {d.name for d in DECKS}
@@ -179,20 +319,40 @@ def test_every_chapter_has_a_deck():
 
 
 @pytest.mark.parametrize("deck", DECKS, ids=[d.stem for d in DECKS])
-def test_deck_opens_offline_and_moves_forward(browser, deck):
-    url = deck.as_uri()  # from the file system, as from a USB stick
+def test_deck_visits_every_slide_in_order_each_fitting_with_notes(browser, deck):
+    """From the file system (a USB stick): "next" (the right arrow) visits every slide,
+    vertical ones included, in order; no slide's content overflows; every code slide
+    carries speaker notes."""
+    url = deck.as_uri()
     seen = _open(browser, url)
     _assert_clean(url, seen)
     ready = browser.execute_script("return typeof Reveal !== 'undefined' && Reveal.isReady();")
     assert ready, f"{deck.name}: reveal.js did not start"
-    total = browser.execute_script("return Reveal.getTotalSlides();")
+    total = browser.execute_script("Reveal.configure({transition: 'none'}); Reveal.slide(0, 0);"
+                                   "return Reveal.getTotalSlides();")
     assert total >= 10, f"{deck.name} has {total} slides, fewer than 10"
-    browser.execute_script("Reveal.slide(0, 0);")
-    before = browser.execute_script("return JSON.stringify(Reveal.getIndices());")
-    browser.execute_script("Reveal.next();")
-    after = browser.execute_script("return JSON.stringify(Reveal.getIndices());")
-    assert after != before, f"{deck.name}: moving forward did not change the slide"
+    # One script walks the deck: measure the slide, then press the right arrow (a
+    # keydown, as a presenter's key or clicker sends), until the last slide.
+    walk = browser.execute_script(
+        "const measure = () => { " + SLIDE_OVERFLOW + " };"
+        "const steps = [];"
+        "for (let i = 0; i <= arguments[0]; i++) {"
+        "  steps.push([Reveal.getSlidePastCount(), JSON.stringify(Reveal.getIndices()),"
+        "              (Reveal.getSlideNotes() || '').trim().length, measure(),"
+        "              !!Reveal.getCurrentSlide().querySelector(':scope > .jp-CodeCell')]);"
+        "  if (Reveal.isLastSlide()) break;"
+        "  document.dispatchEvent(new KeyboardEvent('keydown',"
+        "    {key: 'ArrowRight', keyCode: 39, which: 39, bubbles: true}));"
+        "}"
+        "return steps;", total)
+    order = [past for past, *_ in walk]
+    silent = [past + 1 for past, _, notes, _, code in walk if code and not notes]
+    overflow = [f"slide {past + 1} {ix}: {problems[0]}" for past, ix, _, problems, _ in walk
+                if problems]
     if deck == DECKS[0]:
         browser.execute_script("Reveal.slide(3, 0);")
-        time.sleep(0.8)  # the slide transition
         _shot(browser, "deck.png")
+    assert order == list(range(total)), f"{deck.name}: next visited {order}, not 0..{total - 1}"
+    assert not overflow, f"{deck.name}: slides whose content does not fit: {overflow}"
+    # the prose is the notes: every code slide has the chapter's words for it
+    assert not silent, f"{deck.name}: code slides {silent} have no speaker notes"

@@ -5,6 +5,7 @@ chapter is named with how to mark it, and the offline link check finds a broken 
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import nbformat
@@ -98,3 +99,76 @@ def test_linkcheck_finds_a_missing_page(tmp_path):
     (tmp_path / "img").mkdir()
     (tmp_path / "img" / "c.png").write_bytes(b"\x89PNG")
     assert linkcheck.broken_links(tmp_path) == []
+
+
+def _tiny_notebook(path):
+    """A three-cell notebook: a title, a setup cell tagged course-setup, a progress bar."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        "box": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_a", "IPY_MODEL_b", "IPY_MODEL_c"]}},
+        "a": {"model_name": "HTMLModel", "state": {"value": "epoch 1: 100%"}},
+        "b": {"model_name": "FloatProgressModel", "state": {"value": 4.0, "min": 0.0, "max": 4.0}},
+        "c": {"model_name": "HTMLModel", "state": {"value": " 4/4 [00:01&lt;00:00]"}}}}}
+    setup = nbformat.v4.new_code_cell("print('SETUP CELL SOURCE')", metadata={"tags": ["course-setup"]})
+    bar = nbformat.v4.new_code_cell("train()", outputs=[nbformat.v4.new_output(
+        "display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "box"},
+                              "text/plain": "epoch 1:   0%|          | 0/4"})])
+    nb.cells = [nbformat.v4.new_markdown_cell("# A tiny chapter\n\nProse."), setup, bar]
+    nbformat.write(nb, path)
+
+
+def test_the_site_hides_the_setup_cell_and_shows_a_bars_last_state(tmp_path):
+    """A tiny Sphinx build with the course's extension (docs/_ext/course_site.py)."""
+    pytest.importorskip("myst_nb")
+    from sphinx.application import Sphinx
+
+    src = tmp_path / "src"
+    (src / "notebooks").mkdir(parents=True)
+    _tiny_notebook(src / "notebooks" / "01_tiny.ipynb")
+    (src / "conf.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(notebooks.ROOT / 'docs' / '_ext')!r})\n"
+        "extensions = ['myst_nb', 'course_site']\nnb_execution_mode = 'off'\n"
+        "root_doc = 'notebooks/01_tiny'\nsuppress_warnings = ['mystnb.unknown_mime_type']\n")
+    app = Sphinx(str(src), str(src), str(tmp_path / "out"), str(tmp_path / "doctrees"), "html",
+                 status=None, warning=None, freshenv=True)
+    app.build()
+    page = (tmp_path / "out" / "notebooks" / "01_tiny.html").read_text()
+    assert "A tiny chapter" in page and "train()" in page  # the other cells are there
+    assert "SETUP CELL SOURCE" not in page
+    assert "epoch 1: 100%|" + "\u2588" * 10 + "| 4/4 [00:01&lt;00:00]" in page
+    assert "0/4" not in page
+    assert "Open in Colab" in page and "Open in Kaggle" in page
+
+
+def test_the_decks_hide_the_setup_cell_and_carry_notes(tmp_path):
+    pytest.importorskip("sphinx_revealjs")
+    ipynb = tmp_path / "01_tiny.ipynb"
+    _tiny_notebook(ipynb)
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.cells.insert(2, nbformat.v4.new_markdown_cell("Now we TRAIN the model, watch the bar."))
+    for cell, kind in zip(nb.cells, ["slide", "skip", "skip", "slide"]):
+        cell.metadata["slideshow"] = {"slide_type": kind}
+    nb.cells[1].metadata["slideshow"] = {"slide_type": "slide"}  # even when marked, hidden
+    nbformat.write(nb, ipynb)
+    deck = slides.build_deck(ipynb, tmp_path).read_text()
+    assert "SETUP CELL SOURCE" not in deck
+    notes = re.findall(r'<aside class="notes">(.*?)</aside>', deck, re.S)
+    assert any("Now we TRAIN the model" in n for n in notes), notes
+    assert "navigationMode" in deck and '"linear"' in deck
+
+
+def test_notes_go_to_the_code_slide_they_introduce():
+    nb = nbformat.v4.new_notebook()
+    kinds = [("markdown", "# Title", "slide"), ("markdown", "Intro prose.", "skip"),
+             ("code", "x = 1", "subslide"), ("markdown", "After the code.", "skip"),
+             ("markdown", "## Next", "slide")]
+    for cell_type, source, kind in kinds:
+        make = nbformat.v4.new_markdown_cell if cell_type == "markdown" else nbformat.v4.new_code_cell
+        nb.cells.append(make(source, metadata={"slideshow": {"slide_type": kind}}))
+    assert slides.add_speaker_notes(nb) == 1  # the code slide: before it, and after it
+    notes = [(i, c.source) for i, c in enumerate(nb.cells)
+             if c.metadata["slideshow"]["slide_type"] == "notes"]
+    types = [c.metadata["slideshow"]["slide_type"] for c in nb.cells]
+    assert types == ["slide", "subslide", "notes", "slide"]
+    assert notes[0][1] == "Intro prose.\n\nAfter the code."

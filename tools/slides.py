@@ -11,7 +11,17 @@ rebuilds::
 
 then ``python -m tools.notebooks sync`` copies it into the ``.ipynb`` without
 re-executing (``check`` flags drift). A code cell tagged ``slide-output-only`` shows its
-output without its code. ``mark`` writes a first marking into a twin that has none
+output without its code; the setup cell (tagged ``course-setup``) is left out, and a
+progress bar shows its last state, as on the website (``docs/_ext/course_site.py``).
+
+Speaker notes come from the chapter's prose (:func:`add_speaker_notes`): the markdown
+cells a deck skips become the notes of a slide, those just before a code slide that
+slide's (the prose that introduces the code), the others the notes of the slide they
+follow. Presenting: "next" (the right arrow, space, the on-screen ">") visits every
+slide in order, vertical ones included (reveal.js's linear navigation); ``s`` opens the
+speaker view with the notes. A slide whose content is taller or wider than the slide is
+scaled down to fit when it is shown (the deck's script; code is never wrapped), so
+nothing on a slide scrolls or is cut. ``mark`` writes a first marking into a twin that has none
 (titles and section headings start slides, figures and tables get their own, the rest
 is skipped), to be edited by hand.
 
@@ -38,6 +48,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent / "slides_template"
 OUTPUT_ONLY_TAG = "slide-output-only"
+SETUP_TAG = "course-setup"  # the setup cell: never on a slide
 MIN_SLIDES, MAX_SLIDES = 15, 30
 HOW_TO_MARK = (
     "mark its cells in the .py twin's headers, e.g. `# %% [markdown] "
@@ -53,11 +64,20 @@ def _package_dir(name: str, sub: str) -> pathlib.Path:
     return pathlib.Path(list(spec.submodule_search_locations)[0]) / sub
 
 
-def vendor_assets(out: pathlib.Path) -> None:
-    """Copy reveal.js and MathJax from their Python packages into ``out/_assets``."""
+def _course_site():
+    """docs/_ext/course_site.py: the notebook preparations the website and decks share."""
+    ext = ROOT / "docs" / "_ext"
+    if str(ext) not in sys.path:
+        sys.path.insert(0, str(ext))
+    import course_site
+
+    return course_site
+
+
+def vendor_assets(target: pathlib.Path) -> None:
+    """Copy reveal.js and MathJax from their Python packages into ``target``."""
     reveal = _package_dir("sphinx_revealjs", "_static/revealjs")
     mathjax = _package_dir("sphinx-mathjax-offline", "static/mathjax")
-    target = out / "_assets"
     for src, name in ((reveal, "reveal.js"), (mathjax, "mathjax")):
         dest = target / name
         if not dest.exists():
@@ -74,14 +94,76 @@ def is_marked(nb: Any) -> bool:
     return any("slideshow" in c.get("metadata", {}) for c in nb.cells)
 
 
-def build_deck(ipynb: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
-    """Write ``out/<stem>.slides.html`` from a marked notebook (outputs as committed)."""
+def _slide_type(cell: Any) -> str:
+    return cell.get("metadata", {}).get("slideshow", {}).get("slide_type", "-")
+
+
+def add_speaker_notes(nb: Any) -> int:
+    """Turn the prose a deck skips into speaker notes, in place; returns how many slides
+    got notes. Each run of skipped markdown cells goes to the next slide when that slide
+    starts with a code cell (the prose introducing the code), otherwise to the slide it
+    follows; a code slide with no skipped prose before it gets the markdown cell above
+    it, without its heading. Headings in notes become bold text (the speaker view is not an outline)."""
+    import nbformat
+
+    def notes_cell(texts: list[str]) -> Any:
+        text = "\n\n".join(re.sub(r"^#{1,6}\s+(.*)$", r"**\1**", t, flags=re.MULTILINE)
+                            for t in texts)
+        return nbformat.v4.new_markdown_cell(text, metadata={"slideshow": {"slide_type": "notes"}})
+
+    slides: list[list[Any]] = []  # each slide's cells (the first: its start), plus notes
+    notes: list[list[str]] = []
+    before: list[Any] = []        # cells before the first slide
+    pending: list[str] = []
+    last_prose = ""               # the last markdown cell, shown or not
+    nb.cells = [c for c in nb.cells if SETUP_TAG not in c.get("metadata", {}).get("tags", [])]
+    for cell in nb.cells:
+        kind = _slide_type(cell)
+        if cell.cell_type == "markdown" and cell.source.strip():
+            last_prose = cell.source.strip()
+        if kind == "skip" and cell.cell_type == "markdown":
+            if cell.source.strip():
+                pending.append(cell.source.strip())
+            continue
+        if kind in ("slide", "subslide"):
+            if pending and slides and cell.cell_type != "code":
+                notes[-1] += pending
+                pending = []
+            if cell.cell_type == "code" and not pending and last_prose:
+                # a code slide right under the prose that sets it up (shown on the
+                # slide before): that prose, without its heading, is what to say here
+                body = re.sub(r"^#{1,6}\s+.*$", "", last_prose, flags=re.MULTILINE).strip()
+                pending = [body] if body else []
+            slides.append([cell])
+            notes.append(pending)
+            pending = []
+        elif slides:
+            slides[-1].append(cell)
+        else:
+            before.append(cell)
+    if pending and slides:
+        notes[-1] += pending
+    cells = list(before)
+    for group, texts in zip(slides, notes):
+        cells += group
+        if texts:
+            cells.append(notes_cell(texts))
+    nb.cells = cells
+    return sum(1 for t in notes if t)
+
+
+def build_deck(ipynb: pathlib.Path, out: pathlib.Path, assets: str = "_assets") -> pathlib.Path:
+    """Write ``out/<stem>.slides.html`` from a marked notebook (outputs as committed);
+    reveal.js and MathJax are loaded from ``assets`` (relative to the deck)."""
     import nbformat
     from nbconvert import SlidesExporter
     from nbconvert.preprocessors import TagRemovePreprocessor
     from traitlets.config import Config
 
     nb = nbformat.read(ipynb, as_version=4)
+    site = _course_site()
+    site.replace_widgets(nb)
+    add_speaker_notes(nb)
     config = Config()
     # A widget cannot run without a kernel: show its static representation instead.
     config.NbConvertBase.display_data_priority = [
@@ -89,28 +171,31 @@ def build_deck(ipynb: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
         "image/jpeg", "text/plain"]
     # reveal.js from _assets/ beside the deck; the "white" theme's fonts come with it
     # (nbconvert's default theme, "simple", imports its fonts from Google).
-    config.SlidesExporter.reveal_url_prefix = "_assets/reveal.js"
+    config.SlidesExporter.reveal_url_prefix = f"{assets}/reveal.js"
     config.SlidesExporter.reveal_theme = "white"
-    config.SlidesExporter.reveal_scroll = True
     exporter = SlidesExporter(config=config, template_name="course_reveal",
                               extra_template_basedirs=[str(TEMPLATE_DIR)])
     exporter.register_preprocessor(
-        TagRemovePreprocessor(remove_input_tags={OUTPUT_ONLY_TAG}, enabled=True), enabled=True)
+        TagRemovePreprocessor(remove_input_tags={OUTPUT_ONLY_TAG},
+                              remove_cell_tags={SETUP_TAG}, enabled=True), enabled=True)
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(
-        nb, resources={"metadata": {"name": ipynb.stem}})
+        nb, resources={"metadata": {"name": ipynb.stem}, "course_assets": assets})
     deck = out / f"{ipynb.stem}.slides.html"
     deck.write_text(body, encoding="utf-8")
     return deck
 
 
-def build_all(out: pathlib.Path, notebooks: list[pathlib.Path] | None = None) -> list[str]:
-    """Every chapter's deck into ``out``; returns the problems (unmarked chapters)."""
+def build_all(out: pathlib.Path, notebooks: list[pathlib.Path] | None = None,
+              assets: str = "_assets", static: pathlib.Path | None = None) -> list[str]:
+    """Every chapter's deck into ``out``; returns the problems (unmarked chapters).
+    reveal.js and MathJax go to ``static`` (default ``out/_assets``), which the decks
+    reach as ``assets`` (the website passes its own ``_static``, which has MathJax)."""
     import nbformat
 
     out.mkdir(parents=True, exist_ok=True)
-    vendor_assets(out)
+    vendor_assets(static if static is not None else out / assets)
     problems = []
     for ipynb in notebooks or sorted((ROOT / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(ipynb, as_version=4)
@@ -119,7 +204,7 @@ def build_all(out: pathlib.Path, notebooks: list[pathlib.Path] | None = None) ->
             problems.append(f"{rel} has no slide metadata, so no deck: "
                             + HOW_TO_MARK.format(py=rel.with_suffix('.py')))
             continue
-        deck = build_deck(ipynb, out)
+        deck = build_deck(ipynb, out, assets)
         print(f"{deck.relative_to(ROOT) if deck.is_relative_to(ROOT) else deck}: "
               f"{slide_count(nb)} slides", flush=True)
     return problems
