@@ -58,6 +58,15 @@ def test_readme_package_table_names_every_module():
     assert {"train", "hlo"} <= packages
 
 
+def test_every_module_has_its_test_file():
+    """CONTRIBUTING's "one module per concept with its test": tests/test_<module>.py
+    (the ``checks`` package: tests/test_checks_core.py and one file per lab)."""
+    own = {"checks": "checks_core"}
+    missing = sorted(m for m in _modules() - {"__main__"}
+                     if not (ROOT / "tests" / f"test_{own.get(m, m)}.py").exists())
+    assert not missing, f"modules without tests/test_<module>.py: {missing}"
+
+
 def test_labs_are_the_checker_files_and_the_chapters():
     files = {p.stem for p in (PACKAGE / "checks").glob("ch[0-9][0-9].py")}
     assert set(checks.LABS) == files
@@ -65,6 +74,17 @@ def test_labs_are_the_checker_files_and_the_chapters():
     assert [f"ch{c[:2]}" for c in chapters] == list(checks.LABS)
     for folder in ("solutions", "labs"):
         assert sorted(p.stem for p in (ROOT / folder).glob("[0-9][0-9]_*.py")) == chapters, folder
+
+
+def test_preflight_has_one_row_per_chapter():
+    """A new chapter gets its preflight row (CONTRIBUTING, "Where a new thing goes"):
+    ``preflight.CHAPTERS`` is the notebooks' chapter numbers, each with its ``_chN``."""
+    from tpu_course import preflight
+
+    numbers = tuple(int(p.stem[:2]) for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")))
+    assert preflight.CHAPTERS == numbers
+    missing = [n for n in numbers if not callable(getattr(preflight, f"_ch{n}", None))]
+    assert not missing, f"chapters without a preflight check: {missing}"
 
 
 def test_readme_chapter_table_lists_every_notebook_lab_and_solution():

@@ -40,14 +40,6 @@ def h2d_bandwidth(host_array: Any, repeats: int = 5) -> float:
     return host_array.nbytes / statistics.median(samples)
 
 
-def copy_seconds(shape: tuple[int, ...], bandwidth: float, itemsize: int = 4) -> float:
-    """Exercise 4: a copy takes its bytes divided by the measured bandwidth."""
-    n = 1
-    for d in shape:
-        n *= d
-    return n * itemsize / bandwidth
-
-
 def fraction_of_peak(flops: float, seconds: float, chip: str) -> float:
     """Exercise 5: achieved FLOP/s over the chip's dense bf16 peak."""
     from tpu_course import hardware
