@@ -660,7 +660,7 @@ def test_accuracy_checker_reports_unwritten_pieces(fake_fashion):
 def test_scorecard_counts_every_exercise(fake_fashion):
     card = ch05.LAB.scorecard({"FashionModel": Good})
     assert card.total() == "Lab 5: 1 of 5 passed"
-    assert {e.kind for e in ch05.LAB.exercises} >= {"write", "predict", "transfer"}
+    assert {e.kind for e in ch05.LAB.exercises} >= {"write", "predict", "apply"}
     assert all(e.hidden is not None for e in ch05.LAB.exercises[:1] + ch05.LAB.exercises[2:4])
 
 

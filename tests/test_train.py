@@ -197,7 +197,7 @@ def test_device_evaluate_counts_the_whole_test_set():
     graphdef, params = nnx.split(model, nnx.Param, ...)[:2]
     ev = jax.jit(train.make_device_evaluate(train.make_eval_step(graphdef), 203, 64))
     sums = ev(params, jnp.asarray(ds.test_images), jnp.asarray(ds.test_labels))
-    ref = train.evaluate(model, ds.test_images, ds.test_labels, batch_size=64)
+    ref = train.evaluate_model(model, ds.test_images, ds.test_labels, batch_size=64)
     assert float(sums["count"]) == 203 == ref.count == len(ref.predictions)
     want = np.mean(ref.predictions == ds.test_labels)
     assert float(sums["correct"]) / 203 == pytest.approx(want) == pytest.approx(ref.accuracy)
@@ -229,7 +229,7 @@ def test_fit_tiny_config_learns(pipeline):
         assert ax[0].lines[0].get_xdata().tolist() == [s[0] for s in h.steps]
     assert h.compile_time_s > 0 and h.train_time_s > 0 and h.images_per_s > 0
     assert isinstance(h.model, models.MLP)
-    ev = train.evaluate(h.model, synthetic().test_images, synthetic().test_labels)
+    ev = train.evaluate_model(h.model, synthetic().test_images, synthetic().test_labels)
     assert ev.accuracy == pytest.approx(h.test_accuracy[-1])
 
 

@@ -13,7 +13,7 @@ The registry :data:`LAB` lists the exercises in order:
    step on a batch of 64; graded against ``models.count_params`` (exactly) and XLA's cost
    analysis of the compiled step (within 25 %: XLA also counts bias adds, ReLUs and the
    optimizer).
-3. **A train step that clips gradients** (transfer): ``train_step(model, optimizer,
+3. **A train step that clips gradients** (apply): ``train_step(model, optimizer,
    batch, max_norm)`` under ``nnx.jit`` returning ``{'loss', 'accuracy', 'grad_norm'}``,
    weighted by ``batch.weights`` (padding counts for nothing), scaling the gradient by
    ``min(1, max_norm / global_norm)`` before one update through the optimizer. Compared
@@ -22,7 +22,7 @@ The registry :data:`LAB` lists the exercises in order:
    with the clip active and not; per-array, by-value, always-rescaling and post-clip-norm
    mistakes are named. Other batches, learning rates, seeds, optimizers and thresholds
    when grading.
-4. **A faster input pipeline** (transfer): ``fast_batches`` yields exactly the batches of
+4. **A faster input pipeline** (apply): ``fast_batches`` yields exactly the batches of
    the planted :func:`slow_batches` (same shuffle, same random flips) at least
    :data:`PIPELINE_SPEEDUP` times faster, both timed here in the same run; the grader
    also tries other batch sizes, seeds and data sizes.
@@ -98,7 +98,8 @@ _TRAINED: dict[str, Any] = {}
 
 
 def slow_batches(images, labels, batch_size, seed=0, epoch=0):
-    """Shuffled batches with random left-right flips (data augmentation): correct, but slow.
+    """Shuffled batches with random left-right flips (data augmentation): correct, but
+    slow.
 
     Same order as ``train.batches`` (``default_rng([seed, epoch]).permutation``), full
     batches only; then, from the same generator, one draw per example in batch order:
@@ -532,7 +533,7 @@ def _hidden_steps(rng: Any) -> list:
     return cases
 
 
-@LAB.exercise(EX3, minutes=20, kind="transfer", hidden=_hidden_steps)
+@LAB.exercise(EX3, minutes=20, kind="apply", hidden=_hidden_steps)
 def check_train_step(train_step: Any, batch_size: int = 64, padded: int = 16,
                      learning_rate: float = 1e-2, optimizer: str = "adam",
                      seed: int = 0, clip: float = 0.5) -> CheckResult:
@@ -697,7 +698,7 @@ def _hidden_pipelines(rng: Any) -> list:
     return cases
 
 
-@LAB.exercise(EX4, minutes=15, kind="transfer", hidden=_hidden_pipelines)
+@LAB.exercise(EX4, minutes=15, kind="apply", hidden=_hidden_pipelines)
 def check_fast_batches(fast_batches: Any, n_images: int = 700, batch_size: int = 64,
                        runs: tuple = ((0, 0), (0, 1), (3, 2)), timed: bool = True
                        ) -> CheckResult:
@@ -914,7 +915,7 @@ def _train(FashionModel: Any, train_step: Any, fast_batches: Any, config: dict) 
                         "(3 epochs of a bigger one take many minutes)",
                    hint="fewer channels or a pooling earlier: a CNN like chapter 5's costs "
                         "2.4 MFLOP and reaches the target (or run on a TPU or GPU runtime)")
-    start = train.evaluate(model, test_x, test_y)
+    start = train.evaluate_model(model, test_x, test_y)
     if start.accuracy > UNTRAINED_MAX:
         refuse(EX5, f"FashionModel(rngs=nnx.Rngs(0)) reaches {start.accuracy:.0%} on the test "
                     "set before any training: a new model must start from random weights",
@@ -944,7 +945,7 @@ def _train(FashionModel: Any, train_step: Any, fast_batches: Any, config: dict) 
             step += 1
         epoch_losses.append(float(jnp.mean(jnp.stack(losses))))
     seconds = time.perf_counter() - t0
-    ev = train.evaluate(model, test_x, test_y)
+    ev = train.evaluate_model(model, test_x, test_y)
     return {"accuracy": ev.accuracy, "loss": ev.loss, "count": ev.count, "steps": step,
             "epoch_losses": epoch_losses, "seconds": seconds, "platform": platform,
             "train_images": len(train_x)}

@@ -1,19 +1,35 @@
-"""Evaluating a trained model: accuracy, loss and predictions on a test set, and the
-confusion matrix (chapter 5). ``train.fit`` evaluates through its pipeline instead
-(:mod:`tpu_course.train.pipelines`); this is for a model in hand.
+"""Evaluating a model on a whole test set (chapter 5): one loop, two ways in.
+
+:func:`evaluate` is chapter 5's loop (the chapter writes it; this is the same code): the
+jitted eval step of :func:`~tpu_course.train.step.make_eval_step` over padded batches,
+summing correct predictions, loss and count so that every example counts exactly once.
+:func:`evaluate_model` runs that same loop for a model in hand and adds the predicted
+classes (for :func:`confusion_matrix`). ``train.fit`` evaluates through its pipeline
+instead (:mod:`tpu_course.train.pipelines`), with the same eval step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
-from tpu_course import models
-from tpu_course.train.pipelines import epoch_indices
+from tpu_course import errors, models
+from tpu_course.train.pipelines import batches
+from tpu_course.train.step import make_eval_step
+
+
+def evaluate(eval_step, params, images, labels, batch_size=1000):
+    """Accuracy and mean loss over every one of ``images``."""
+    totals = {"correct": 0.0, "loss_sum": 0.0, "count": 0.0}
+    for b in batches(images, labels, batch_size, shuffle=False, last_batch="pad"):
+        sums = eval_step(params, b)
+        totals = {k: totals[k] + sums[k] for k in totals}
+    return {"accuracy": float(totals["correct"] / totals["count"]),
+            "loss": float(totals["loss_sum"] / totals["count"]),
+            "count": int(totals["count"])}
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -29,27 +45,32 @@ class Evaluation:
         return f"Evaluation(accuracy={self.accuracy:.4f}, loss={self.loss:.4f}, count={self.count})"
 
 
-def evaluate(model: nnx.Module, images: np.ndarray, labels: np.ndarray,
-             batch_size: int = 1000) -> Evaluation:
-    """Accuracy, loss and predicted classes of ``model`` on every one of ``images``.
+def evaluate_model(model: nnx.Module, images: np.ndarray, labels: np.ndarray,
+                   batch_size: int = 1000) -> Evaluation:
+    """:func:`evaluate` for a model in hand, plus its predicted class for every image.
 
-    Batched with a padded last batch (one compiled shape), so all examples count.
+    >>> from tpu_course import models
+    >>> x, y = np.zeros((5, 28, 28), np.uint8), np.arange(5)
+    >>> ev = evaluate_model(models.MLP(rngs=nnx.Rngs(0)), x, y, batch_size=2)
+    >>> ev.count, ev.predictions.shape
+    (5, (5,))
     """
+    if not isinstance(model, nnx.Module):
+        raise errors.CourseTypeError(
+            f"model={type(model).__name__}: expected a Flax NNX model. For an eval step and "
+            "its parameters use train.evaluate(eval_step, params, images, labels).")
     graphdef, params = nnx.split(model, nnx.Param, ...)[:2]
+    batch_size = errors.check_int("batch_size", batch_size, low=1)
+    sums = evaluate(jax.jit(make_eval_step(graphdef)), params, images, labels, batch_size)
 
     @jax.jit
-    def logits_of(p: Any, x: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, p)(models.prepare_images(x))
+    def predict(p, x):
+        return nnx.merge(graphdef, p)(models.prepare_images(x)).argmax(-1)
 
-    n = len(images)
-    idx, w = epoch_indices(n, min(batch_size, n), shuffle=False, last_batch="pad")
-    all_logits = np.concatenate([np.asarray(logits_of(params, images[i])) for i in idx])[:n]
-    preds = all_logits.argmax(-1)
-    labels = np.asarray(labels)
-    z = all_logits - all_logits.max(-1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    loss = float(-logp[np.arange(n), labels].mean())
-    return Evaluation(float((preds == labels).mean()), loss, n, preds)
+    predictions = np.concatenate([np.asarray(predict(params, b.images)) for b in
+                                  batches(images, labels, batch_size, shuffle=False,
+                                          last_batch="pad")])[:len(images)]
+    return Evaluation(sums["accuracy"], sums["loss"], sums["count"], predictions)
 
 
 def confusion_matrix(labels: np.ndarray, predictions: np.ndarray,
@@ -62,5 +83,3 @@ def confusion_matrix(labels: np.ndarray, predictions: np.ndarray,
     cm = np.zeros((num_classes, num_classes), np.int64)
     np.add.at(cm, (np.asarray(labels), np.asarray(predictions)), 1)
     return cm
-
-

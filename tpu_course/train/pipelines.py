@@ -38,22 +38,22 @@ from tpu_course.train.step import Batch, TrainState
 
 
 def lay_out(order, batch_size, last_batch, xp):
-    """Cut a permutation ``order`` of n examples into ``(steps, batch_size)`` indices and
-    weights: one rule for the host (``xp=numpy``) and the device (``xp=jax.numpy``).
+    """Cut a permutation ``order`` of n examples into ``(steps, batch_size)`` indices
+    and weights: one rule for the host (``xp=numpy``) and the device (``xp=jax.numpy``).
 
     ``'drop'``: the ``n // batch_size`` full batches; the leftover ``n % batch_size``
-    examples of this permutation are skipped (the next epoch's permutation picks others).
-    ``'pad'``: ``ceil(n / batch_size)`` batches, the last one filled up with example 0 at
-    weight 0, so every example counts exactly once. Either way every batch has one shape,
-    so the jitted step never recompiles.
+    examples of this permutation are skipped (the next epoch's permutation picks
+    others). ``'pad'``: ``ceil(n / batch_size)`` batches, the last one filled up with
+    example 0 at weight 0, so every example counts exactly once. Either way every batch
+    has one shape, so the jitted step never recompiles.
     """
     n = order.shape[0]
     if last_batch == "drop":
         steps = n // batch_size
         if steps == 0:
-            raise ValueError(f"batch_size={batch_size} is larger than the {n} examples: with "
-                             "last_batch='drop' there is no full batch; use a smaller batch "
-                             "or last_batch='pad'")
+            raise ValueError(f"batch_size={batch_size} is larger than the {n} "
+                             "examples: with last_batch='drop' there is no full batch; "
+                             "use a smaller batch or last_batch='pad'")
         idx = order[: steps * batch_size]
         weights = xp.ones(idx.shape, xp.float32)
     elif last_batch == "pad":
@@ -74,16 +74,22 @@ def epoch_indices(n, batch_size, *, seed=0, epoch=0, shuffle=True, last_batch="d
     see the same batches as an uninterrupted one. ``last_batch`` as in ``lay_out``.
     """
     if batch_size < 1 or n < 1:
-        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
-    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, "
+                         f"batch_size={batch_size}")
+    if shuffle:
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+    else:
+        order = np.arange(n)
     return lay_out(order, batch_size, last_batch, np)
 
 
-def batches(images, labels, batch_size, *, seed=0, epoch=0, shuffle=True, last_batch="drop"):
+def batches(images, labels, batch_size, *, seed=0, epoch=0, shuffle=True,
+            last_batch="drop"):
     """One epoch of shuffled host (numpy) batches; every batch has the same shape.
 
-    Only the indices are shuffled; ``images[i]`` then gathers one batch, still uint8 (the
-    chip converts it). See ``epoch_indices`` for the order and the last partial batch.
+    Only the indices are shuffled; ``images[i]`` then gathers one batch, still uint8
+    (the chip converts it). See ``epoch_indices`` for the order and the last partial
+    batch.
     """
     if len(images) != len(labels):
         raise ValueError(f"{len(images)} images but {len(labels)} labels")
@@ -98,8 +104,9 @@ def prefetch_to_device(iterator, depth=2, device=None):
 
     ``jax.device_put`` is asynchronous: it starts the copy and returns at once. Keeping
     a queue of ``depth`` items already put means that while the step for batch i runs
-    (also asynchronous), the copies of batches i+1 ... i+depth are in flight, so the chip
-    does not wait for the host. ``depth=0`` turns prefetching off (put, then yield).
+    (also asynchronous), the copies of batches i+1 ... i+depth are in flight, so the
+    chip does not wait for the host. ``depth=0`` turns prefetching off (put, then
+    yield).
 
     ``device`` is anything ``jax.device_put`` accepts (a device, a sharding); None is
     the default device.
@@ -110,7 +117,7 @@ def prefetch_to_device(iterator, depth=2, device=None):
     for item in iterator:
         queue.append(jax.device_put(item, device))  # starts the copy, returns at once
         if len(queue) > depth:
-            yield queue.popleft()  # the oldest: its copy has had `depth` steps to finish
+            yield queue.popleft()  # the oldest: its copy had `depth` steps to finish
     while queue:  # the source is empty: hand out what is still queued
         yield queue.popleft()
 
@@ -135,13 +142,16 @@ def make_device_epoch(train_step, n, batch_size, last_batch="drop"):
     """
 
     def epoch(state, images, labels, key):
-        idx, weights = device_epoch_indices(key, n, batch_size, last_batch)  # (steps, B) each
+        # (steps, B) each
+        idx, weights = device_epoch_indices(key, n, batch_size, last_batch)
 
         def body(state, xs):  # one step: scan feeds it row k of idx and weights
             i, w = xs
-            return train_step(state, Batch(images[i], labels[i], w))  # the gather is on device
+            # the gather is on the device
+            return train_step(state, Batch(images[i], labels[i], w))
 
-        return jax.lax.scan(body, state, (idx, weights))  # metrics stacked: (steps,) each
+        # the metrics stacked: (steps,) each
+        return jax.lax.scan(body, state, (idx, weights))
 
     return epoch
 

@@ -40,7 +40,8 @@ from tpu_course import errors, models
 
 
 class Batch(NamedTuple):
-    """One batch: uint8 images ``(B, 28, 28)``, int32 labels ``(B,)``, float32 weights ``(B,)``.
+    """One batch: uint8 images ``(B, 28, 28)``, int32 labels ``(B,)``, float32 weights
+    ``(B,)``.
 
     ``weights`` is 1 for a real example and 0 for padding: losses and accuracies are
     weighted means, so a padded batch gives exactly the numbers of its real examples.
@@ -52,7 +53,8 @@ class Batch(NamedTuple):
 
 
 class TrainState(NamedTuple):
-    """Everything a training step changes, as one pytree: step count, params, optimizer state."""
+    """Everything a training step changes, as one pytree: step count, params, optimizer
+    state."""
 
     step: Any  # int32 scalar
     params: Any  # nnx.State of float32 nnx.Param arrays
@@ -86,16 +88,18 @@ def to_model(graphdef: Any, state_or_params: Any) -> nnx.Module:
 
 
 def loss_fn(params, graphdef, batch, compute_dtype=None):
-    """Weighted mean cross-entropy of a batch, and the float32 logits: ``(loss, logits)``.
+    """Weighted mean cross-entropy of a batch, and the float32 logits:
+    ``(loss, logits)``.
 
     ``loss = sum_i w_i * CE(logits_i, y_i) / max(sum_i w_i, 1)``: padding examples
     (weight 0) count for nothing. ``compute_dtype=jnp.bfloat16`` runs the forward pass
     on bf16 copies of the float32 parameters (mixed precision); the loss is float32.
     """
-    if compute_dtype is not None:  # bf16 copies; gradients flow back to the float32 params
+    if compute_dtype is not None:  # bf16 copies; gradients flow back to float32 params
         params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
-    model = nnx.merge(graphdef, params)  # the structure and these parameters: a Module again
-    images = models.prepare_images(batch.images, compute_dtype or jnp.float32)  # uint8 -> [0, 1]
+    model = nnx.merge(graphdef, params)  # the structure and these parameters: a Module
+    # uint8 -> floats in [0, 1]
+    images = models.prepare_images(batch.images, compute_dtype or jnp.float32)
     logits = model(images).astype(jnp.float32)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels)
     w = jnp.asarray(batch.weights, jnp.float32)
@@ -105,30 +109,35 @@ def loss_fn(params, graphdef, batch, compute_dtype=None):
 def make_train_step(model_or_graphdef, tx, *, compute_dtype=None):
     """The pure train step ``(state, batch) -> (new_state, {'loss', 'accuracy'})``.
 
-    Not jitted: ``jax.jit(step, donate_argnums=0)`` compiles it (chapter 5), and the same
-    function with shardings runs over many chips (chapter 6). ``model_or_graphdef`` is an
-    ``nnx.Module`` (only its structure is used) or the ``graphdef`` from :func:`init_state`;
-    ``tx`` is the optax optimizer whose state is ``state.opt_state``.
+    Not jitted: ``jax.jit(step, donate_argnums=0)`` compiles it (chapter 5), and the
+    same function with shardings runs over many chips (chapter 6).
+    ``model_or_graphdef`` is an ``nnx.Module`` (only its structure is used) or the
+    ``graphdef`` from :func:`init_state`; ``tx`` is the optax optimizer whose state is
+    ``state.opt_state``.
     """
     graphdef = model_or_graphdef
     if isinstance(graphdef, nnx.Module):
         graphdef = nnx.split(graphdef, nnx.Param, ...)[0]
 
     def train_step(state, batch):
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)  # d(loss)/d(params); logits ride along
+        # d(loss)/d(params); the logits ride along
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, logits), grads = grad_fn(state.params, graphdef, batch, compute_dtype)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)  # Adam's maths
+        # Adam's maths
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)  # params + updates
         w = jnp.asarray(batch.weights, jnp.float32)
         hits = (jnp.argmax(logits, axis=-1) == batch.labels).astype(jnp.float32)
         accuracy = jnp.sum(w * hits) / jnp.maximum(jnp.sum(w), 1.0)
-        return TrainState(state.step + 1, params, opt_state), {"loss": loss, "accuracy": accuracy}
+        metrics = {"loss": loss, "accuracy": accuracy}
+        return TrainState(state.step + 1, params, opt_state), metrics
 
     return train_step
 
 
 def make_eval_step(model_or_graphdef, *, compute_dtype=None):
-    """The pure eval step ``(params, batch) -> {'correct', 'loss_sum', 'count'}`` (sums).
+    """The pure eval step ``(params, batch) -> {'correct', 'loss_sum', 'count'}``
+    (sums).
 
     Sums rather than means, so that batches of different fill add up exactly:
     accuracy = sum(correct) / sum(count) over the whole test set.
@@ -141,7 +150,8 @@ def make_eval_step(model_or_graphdef, *, compute_dtype=None):
         loss, logits = loss_fn(params, graphdef, batch, compute_dtype)
         w = jnp.asarray(batch.weights, jnp.float32)
         hits = (jnp.argmax(logits, axis=-1) == batch.labels).astype(jnp.float32)
-        return {"correct": jnp.sum(w * hits), "loss_sum": loss * jnp.sum(w), "count": jnp.sum(w)}
+        return {"correct": jnp.sum(w * hits), "loss_sum": loss * jnp.sum(w),
+                "count": jnp.sum(w)}
 
     return eval_step
 
