@@ -33,43 +33,100 @@
 # `C` columns; `F` folds (tiles of B the array takes one after another), `T` vectors
 # streamed per fold; cycles are numbered from 0.
 
-# %%
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %%
@@ -113,7 +170,9 @@ checks.ch01.LAB
 
 # %%
 def ws_cycle(w, act, psum, a, s):
-    raise NotImplementedError("Exercise 1 (one cycle of the array): write your code here")
+    raise NotImplementedError(
+        "Exercise 1 (one cycle of the array): "
+        "write your code here")
 
 
 # %%
@@ -138,8 +197,8 @@ with checks.skip_if_not_written():
             if 0 <= s - (R1 - 1) - j < 5:
                 out1[s - (R1 - 1) - j, j] = psum1[R1 - 1, j]
     print("your array's product equals a @ b:", bool((out1 == a1 @ b1).all()))
-    print(f"cycles: {R1} to load + {s + 1} streaming = {R1 + s + 1}; systolic.simulate:",
-          systolic.simulate(a1, b1, R1, C1).cycles)
+    print(f"cycles: {R1} to load + {s + 1} streaming = {R1 + s + 1}; "
+          "systolic.simulate:", systolic.simulate(a1, b1, R1, C1).cycles)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 2: tile a large matmul onto a fixed array (25 min)
@@ -174,7 +233,9 @@ checks.ch01.check_tiled_matmul(tiled_matmul)
 M2, K2, N2 = checks.ch01.GEMM
 # Exercise 3 (predict a GEMM on two arrays): write your code here
 def ws_cycles(M, K, N, R, C):
-    raise NotImplementedError("Exercise 3 (predict a GEMM on two arrays): write your code here")
+    raise NotImplementedError(
+        "Exercise 3 (predict a GEMM on two arrays): "
+        "write your code here")
 c128 = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
 c256 = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
 predicted_128 = NotWritten("Exercise 3 (predict a GEMM on two arrays)")
@@ -215,7 +276,9 @@ checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 
 # %%
 def smallest_batch(K, N, rows, cols):
-    raise NotImplementedError("Exercise 4 (the smallest batch that fills the array): write your code here")
+    raise NotImplementedError(
+        "Exercise 4 (the smallest batch that fills the array): "
+        "write your code here")
 
 
 # %%
@@ -241,7 +304,7 @@ def best_dataflow(M, K, N, rows, cols):
 checks.ch01.check_best_dataflow(best_dataflow)
 
 # %%
-M4, K4, N4, R4, C4 = 384, 640, 192, 256, 128  # a non-square array: 256 rows, 128 columns
+M4, K4, N4, R4, C4 = 384, 640, 192, 256, 128  # a non-square array: 256 rows, 128 cols
 rng = np.random.default_rng(4)
 a4, b4 = rng.integers(-2, 3, (M4, K4)), rng.integers(-2, 3, (K4, N4))
 with checks.skip_if_not_written():
@@ -271,7 +334,8 @@ checks.ch01.LAB.predict("Exercise 6", predicted_stall)
 if checks.ch01.LAB.predicted("Exercise 6"):
     total = ml_dtypes.bfloat16(0)
     for _ in range(2000):
-        total = ml_dtypes.bfloat16(np.float32(total) + np.float32(checks.ch01.STALL_TERM))
+        term = np.float32(checks.ch01.STALL_TERM)
+        total = ml_dtypes.bfloat16(np.float32(total) + term)
     print("a bf16 running sum of 0.1, 2000 times:", float(total), "(exact: 200)")
 
 # %%

@@ -36,43 +36,100 @@
 # Chapter 7's kernels are your starting point (the K-tiled matmul, the online softmax); the
 # exercises do not repeat them.
 
-# %%
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %%
@@ -84,6 +141,7 @@ print(rt.banner())
 # %%
 import functools
 import math
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +152,7 @@ from jax.experimental.pallas import tpu as pltpu
 from tpu_course import checks, hardware, hlo, pallas_tools
 from tpu_course.checks import NotWritten, ch07
 
-INTERPRET = pallas_tools.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
+INTERPRET = pallas_tools.interpret_mode()  # False on a TPU, else the TPU interpreter
 S = jax.ShapeDtypeStruct
 ch07.LAB
 
@@ -119,7 +177,9 @@ ch07.LAB
 
 # %%
 def dense_relu(x, w, b, bm, bk, bn, interpret):
-    raise NotImplementedError("Exercise 1 (fused matmul + bias + ReLU kernel): write your code here")
+    raise NotImplementedError(
+        "Exercise 1 (fused matmul + bias + ReLU kernel): "
+        "write your code here")
 
 
 # %%
@@ -140,7 +200,9 @@ ch07.check_dense_relu(dense_relu)
 
 # %%
 def vmem_footprint(bm, bk, bn, itemsize):
-    raise NotImplementedError("Exercise 2 (double-buffered VMEM footprint): write your code here")
+    raise NotImplementedError(
+        "Exercise 2 (double-buffered VMEM footprint): "
+        "write your code here")
 
 
 # %% tags=["nbval-ignore-output"]
@@ -155,14 +217,14 @@ if ch07.LAB.predicted("Exercise 2"):
         for bm, bk, bn in [(2048, 512, 1024), (1024, 1024, 2048)]:
             mine = vmem_footprint(bm, bk, bn, 2) / 2**20
             if problem:
-                print(f"({bm}, {bk}, {bn}): your model {mine:.2f} MiB; the compiler's count "
-                      f"needs the TPU compiler: {problem}")
+                print(f"({bm}, {bk}, {bn}): your model {mine:.2f} MiB; the compiler's "
+                      f"count needs the TPU compiler: {problem}")
                 continue
             blocks = dict(bm=bm, bk=bk, bn=bn)
             kernel = functools.partial(pallas_tools.matmul_ktiled, **blocks)
             v = pallas_tools.compile_verdict(kernel, S((4096, 4096), jnp.bfloat16),
                                              S((4096, 4096), jnp.bfloat16))
-            print(f"({bm}, {bk}, {bn}) in bf16: your model {mine:.2f} MiB; {v}")
+            print(f"({bm}, {bk}, {bn}) in bf16: your model {mine:.2f} MiB;\n  {v}")
 
 # %%
 ch07.check_footprint(vmem_footprint)
@@ -204,8 +266,9 @@ if ch07.LAB.predicted("Exercise 3"):
                 blocks = dict(bm=bm, bk=bk, bn=bn)
                 kernel = functools.partial(pallas_tools.matmul_ktiled, **blocks)
                 v = pallas_tools.compile_verdict(kernel, S((m, k), jnp.bfloat16),
-                                                 S((k, n), jnp.bfloat16), target=ch07.TARGET)
-                print(f"{name}: you said {verdicts[name]!r:<12} compiler: {v}")
+                                                 S((k, n), jnp.bfloat16),
+                                                 target=ch07.TARGET)
+                print(f"{name}: you said {verdicts[name]!r}; the compiler says:\n  {v}")
 
 # %%
 ch07.check_verdicts(verdicts)
@@ -231,7 +294,9 @@ ch07.check_verdicts(verdicts)
 
 # %%
 def attention_scores(q, k, bq, interpret):
-    raise NotImplementedError("Exercise 4 (fused softmax(QK^T) kernel): write your code here")
+    raise NotImplementedError(
+        "Exercise 4 (fused softmax(QK^T) kernel): "
+        "write your code here")
 
 
 # %%
@@ -257,6 +322,7 @@ ch07.check_attention_scores(attention_scores)
 
 # %%
 # Exercise 5 (a real chip: near XLA's fused layer): write your code here
+this_chip = NotWritten("Exercise 5 (a real chip: near XLA's fused layer)")
 fast_blocks = NotWritten("Exercise 5 (a real chip: near XLA's fused layer)")
 
 # %%
@@ -265,7 +331,7 @@ ch07.LAB.predict("Exercise 5", fast_blocks)
 # %% tags=["nbval-ignore-output"]
 if ch07.LAB.predicted("Exercise 5"):
     if rt.platform != "tpu":
-        print(f"no timing here: {pallas_tools.where_kernels_run()}")
+        print(textwrap.fill(f"no timing here: {pallas_tools.where_kernels_run()}", 88))
     else:
         with checks.skip_if_not_written():
             from tpu_course import bench
@@ -275,13 +341,13 @@ if ch07.LAB.predicted("Exercise 5"):
             x = jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
             w = jax.random.normal(jax.random.key(1), (k, n), jnp.bfloat16)
             b = jax.random.normal(jax.random.key(2), (1, n), jnp.bfloat16)
-            mine = bench.benchmark(jax.jit(lambda a, c, d: dense_relu(a, c, d, bm, bk, bn, False)),
-                                   x, w, b, name="your kernel", warn=False)
+            yours = jax.jit(lambda a, c, d: dense_relu(a, c, d, bm, bk, bn, False))
+            mine = bench.benchmark(yours, x, w, b, name="your kernel", warn=False)
             xla = jax.jit(lambda a, c, d: jax.nn.relu(a @ c + d))
             ref = bench.benchmark(xla, x, w, b, name="XLA's fused layer", warn=False)
             print(f"your kernel {mine.median_s * 1e3:.3f} ms, XLA's fused layer "
-                  f"{ref.median_s * 1e3:.3f} ms: {ref.median_s / mine.median_s:.0%} of its "
-                  "throughput")
+                  f"{ref.median_s * 1e3:.3f} ms: "
+                  f"{ref.median_s / mine.median_s:.0%} of its throughput")
 
 # %%
 ch07.check_fast(dense_relu, fast_blocks)

@@ -34,43 +34,100 @@
 # | `F` | folds: tiles of the problem that fit the array, run one after another |
 # | `T` | vectors streamed through the array per fold |
 
-# %% slideshow={"slide_type": "skip"}
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% slideshow={"slide_type": "skip"} cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %% slideshow={"slide_type": "skip"}
@@ -84,6 +141,8 @@ print(runtime.describe().banner())
 # runtime, so the numbers below do not depend on what this notebook ran on.
 
 # %% slideshow={"slide_type": "skip"}
+import textwrap
+
 import numpy as np
 import matplotlib.pyplot as plt
 
@@ -122,11 +181,15 @@ np.set_printoptions(linewidth=110)
 print(f"{'n':>5}  {'CPU':>5}  {'GPU, no tile':>12}  {'GPU, 64x64 tile':>15}  "
       f"{'systolic 128x128':>16}  {'2/128 + 1/n':>11}")
 for n in (128, 1024, 8192):
-    per = lambda machine, **kw: systolic.memory_accesses_per_mac(n, machine, **kw).per_mac  # noqa: E731
-    print(f"{n:5d}  {per('cpu'):5.2f}  {per('gpu', tile=1):12.4f}  {per('gpu', tile=64):15.4f}  "
-          f"{per('systolic'):16.4f}  {2 / 128 + 1 / n:11.4f}")
+    def per(machine, **kw):
+        return systolic.memory_accesses_per_mac(n, machine, **kw).per_mac
+
+    print(f"{n:5d}  {per('cpu'):5.2f}  {per('gpu', tile=1):12.4f}  "
+          f"{per('gpu', tile=64):15.4f}  {per('systolic'):16.4f}  "
+          f"{2 / 128 + 1 / n:11.4f}")
 
 # %% slideshow={"slide_type": "slide"}
+# Memory accesses per multiply-add vs matrix size, log scale: CPU, GPU, systolic array
 viz.plot_accesses_per_mac([2 ** p for p in range(6, 15)])
 plt.show()
 
@@ -168,7 +231,9 @@ def skew(A, R):
 
 
 def ws_array(A, B, R, C):
-    """A @ B on an R x C weight-stationary array: (product, cycles, registers per cycle)."""
+    """A @ B on an R x C weight-stationary array.
+
+    Returns (product, cycles, registers per cycle)."""
     M, K = A.shape
     tile = np.zeros((R, C), A.dtype)
     tile[:K, :B.shape[1]] = B
@@ -216,12 +281,13 @@ run = systolic.simulate(A, B, rows=R, cols=C, trace=True)
 print("numpy array == simulate:", bool((mine == run.result).all()), "; equal to A @ B:",
       bool((mine == A @ B).all()))
 print("cycles: numpy", my_cycles, ", simulate", run.cycles)
-frames = run.trace[R:]                          # the stream starts after the R load cycles
+frames = run.trace[R:]  # the stream starts after the R load cycles
 same = len(frames) == len(registers) and all(
     np.array_equal(np.nan_to_num(fr.horizontal), act)
     and np.array_equal(np.nan_to_num(fr.vertical), psum)
     for (act, psum), fr in zip(registers, frames))
-print(f"every activation and partial sum equal in all {len(registers)} streaming cycles:", same)
+print(f"every activation and partial sum equal in all {len(registers)} "
+      "streaming cycles:", same)
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # From here on the chapter uses the package, for many folds, big arrays, three
@@ -239,6 +305,7 @@ print(run.summary())
 # diagonal wavefront, and the last results drain out of the bottom-right corner.
 
 # %% slideshow={"slide_type": "slide"}
+# Key cycles of the 4x4 array: the values each cell holds as weights load and data flows
 viz.frame_strip(run)
 plt.show()
 
@@ -248,6 +315,7 @@ plt.show()
 # (or `.html`) writes it to a file for slides.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
+# A player that steps the 4x4 array cycle by cycle: each cell's weight, input and sum
 viz.animate(run)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -262,7 +330,8 @@ viz.animate(run)
 
 # %% slideshow={"slide_type": "subslide"}
 T = A.shape[0]
-print(f"closed form: R + T + R + C - 2 = {R} + {T} + {R} + {C} - 2 = {R + T + R + C - 2}")
+print(f"closed form: R + T + R + C - 2 = {R} + {T} + {R} + {C} - 2 = "
+      f"{R + T + R + C - 2}")
 print("systolic.cycle_count:", systolic.cycle_count(5, 4, 4, 4, 4))
 print("simulate measured:   ", run.cycles)
 print(f"phases: preload {run.preload_cycles}, fill {run.fill_cycles}, steady "
@@ -305,8 +374,9 @@ print(f"Y[12x6] = A[12x10] @ B[10x6] on a 4x4 array")
 for df in systolic.DATAFLOWS:
     r = systolic.simulate(A2, B2, 4, 4, dataflow=df)
     assert (r.result == A2 @ B2).all()
-    print(f"  {df}: {r.folds} folds, {r.cycles:3d} cycles, utilisation {r.utilization:.3f}, "
-          f"{r.operand_reads} values in, {r.result_writes} results out")
+    print(f"  {df}: {r.folds} folds, {r.cycles:3d} cycles, utilisation "
+          f"{r.utilization:.3f}, {r.operand_reads} values in, "
+          f"{r.result_writes} results out")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 4. Two timing conventions: SCALE-Sim's and the MXU's
@@ -333,7 +403,8 @@ for timing in ("scalesim", "tpu"):
     assert (r.result == A3 @ B3).all()
     print(f"{timing:8s}: {r.cycles:5d} cycles = preload {r.preload_cycles} + fill "
           f"{r.fill_cycles} + steady {r.steady_cycles} + drain {r.drain_cycles}"
-          f"{' - 1' if r.count_offset else ''}; utilisation {r.utilization:.3f}; "
+          f"{' - 1' if r.count_offset else ''}")
+    print(f"{'':8s}  utilisation {r.utilization:.3f}; "
           f"results written {r.result_writes:,}")
 
 # %% slideshow={"slide_type": "skip"}
@@ -341,10 +412,13 @@ M3, K3, N3 = 256, 384, 256
 F = systolic.fold_count(M3, K3, N3, 128, 128)
 ss = systolic.cycle_count(M3, K3, N3, 128, 128, timing="scalesim")
 tpu = systolic.cycle_count(M3, K3, N3, 128, 128, timing="tpu")
-print(f"{F} folds. SCALE-Sim: F * (R + T + R + C - 2) - 1 = {F} * {128 + 256 + 128 + 128 - 2} - 1 = {ss}")
-print(f"MXU: R + (F - 1) * max(T, R) + T + R + C - 2 = 128 + {F - 1} * 256 + {256 + 128 + 128 - 2} = {tpu}")
-print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F - 1} later folds "
-      f"hides its {128} load cycles and its {128 + 128 - 2} fill/drain cycles")
+print(f"{F} folds. SCALE-Sim: F * (R + T + R + C - 2) - 1 = "
+      f"{F} * {128 + 256 + 128 + 128 - 2} - 1 = {ss}")
+print(f"MXU: R + (F - 1) * max(T, R) + T + R + C - 2 = "
+      f"128 + {F - 1} * 256 + {256 + 128 + 128 - 2} = {tpu}")
+print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): "
+      f"each of the {F - 1} later folds hides\nits {128} load cycles and its "
+      f"{128 + 128 - 2} fill/drain cycles")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # > **Takeaway.** Per fold, SCALE-Sim pays `R` cycles of load and `R + C - 2` of fill and
@@ -360,13 +434,16 @@ print(f"saved: {ss + 1 - tpu} cycles ({1 - tpu / (ss + 1):.0%}): each of the {F 
 # partly padding, but its stream of 10,000 rows per fold hides everything else.
 
 # %% slideshow={"slide_type": "subslide"}
-small = systolic.simulate(np.ones((100, 100), np.int64), np.ones((100, 100), np.int64), 128, 128)
-print(f"100^3 on 128x128 (simulated): {small.cycles} cycles, utilisation {small.utilization:.3f}, "
-      f"padding waste {small.padding_waste:.3f}")
+ones = np.ones((100, 100), np.int64)
+small = systolic.simulate(ones, ones, 128, 128)
+print(f"100^3 on 128x128 (simulated): {small.cycles} cycles, utilisation "
+      f"{small.utilization:.3f}, padding waste {small.padding_waste:.3f}")
 for side in (128, 256):
     for n in (100, 1000, 10_000):
-        print(f"{n:6d}^3 on {side}x{side}: {systolic.fold_count(n, n, n, side, side):5d} folds, "
-              f"utilisation {systolic.utilization(n, n, n, side, side):.3f} (closed form)")
+        folds = systolic.fold_count(n, n, n, side, side)
+        util = systolic.utilization(n, n, n, side, side)
+        print(f"{n:6d}^3 on {side}x{side}: {folds:5d} folds, "
+              f"utilisation {util:.3f} (closed form)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Utilisation against size shows the staircase: each time n passes a multiple of the
@@ -375,6 +452,7 @@ for side in (128, 256):
 # four times the cells, so it needs larger matrices to keep them busy.
 
 # %% slideshow={"slide_type": "slide"}
+# Utilisation vs matrix size n on 128x128 and 256x256 arrays: a staircase from padding
 viz.plot_utilization_vs_size(list(range(32, 2049, 8)), arrays=(128, 256))
 plt.show()
 
@@ -385,7 +463,9 @@ plt.show()
 # three dataflows.
 
 # %% slideshow={"slide_type": "slide"}
-viz.plot_cycles_vs_size(list(range(1, 65)), [4, 8, 9, 16, 17, 24, 32, 33, 48, 64], rows=8, cols=8)
+# Cycles vs matrix size on an 8x8 array: the closed form as a line, simulations as dots
+viz.plot_cycles_vs_size(list(range(1, 65)), [4, 8, 9, 16, 17, 24, 32, 33, 48, 64],
+                        rows=8, cols=8)
 plt.show()
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
@@ -404,19 +484,21 @@ plt.show()
 # The course's hardware table (`tpu_course.hardware`, every number with its source):
 
 # %% slideshow={"slide_type": "subslide"}
-print(f"{'chip':22s} {'MXUs':>5s} {'MXU size':>9s} {'bf16 TFLOP/s':>13s} {'HBM':>8s} "
-      f"{'HBM GB/s':>9s} {'VMEM MiB':>9s} {'JAX devices':>11s}")
+print(f"{'chip':18s} {'MXUs':>4s} {'MXU size':>8s} {'bf16 TFLOP/s':>12s} {'HBM':>7s} "
+      f"{'HBM GB/s':>8s} {'VMEM MiB':>8s} {'devices':>7s}")
 for name in hardware.names():
     chip = hardware.get(name)
     if chip.kind != "tpu":
         continue
-    print(f"{chip.display_name:22s} {chip.mxu_count:5d} {f'{chip.mxu_size}x{chip.mxu_size}':>9s} "
-          f"{hardware.peak_flops_per_s(chip) / 1e12:13,.0f} {chip.hbm_label:>8s} "
-          f"{chip.hbm_bytes_per_s / 1e9:9,.0f} {chip.vmem_bytes / 2**20:9.0f} "
-          f"{chip.devices_per_chip:11d}")
-print()
+    mxu = f"{chip.mxu_size}x{chip.mxu_size}"
+    print(f"{chip.display_name:18s} {chip.mxu_count:4d} {mxu:>8s} "
+          f"{hardware.peak_flops_per_s(chip) / 1e12:12,.0f} {chip.hbm_label:>7s} "
+          f"{chip.hbm_bytes_per_s / 1e9:8,.0f} {chip.vmem_bytes / 2**20:8.0f} "
+          f"{chip.devices_per_chip:7d}")
+print("(devices: JAX devices per chip)")
 for name in ("v5e",):
-    print(f"note: {name} HBM: {hardware.get(name).alt_values['hbm_unit']}")
+    note = f"note: {name} HBM: {hardware.get(name).alt_values['hbm_unit']}"
+    print(textwrap.fill(note, 88, subsequent_indent="  "))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # HBM is printed in the unit each source uses (GB = 10⁹ bytes, GiB = 2³⁰ bytes, about 7%
@@ -437,11 +519,14 @@ for name in ("v5e",):
 # %% slideshow={"slide_type": "subslide"}
 import ml_dtypes
 
-print(f"{'format':9s} {'sign':>4s} {'exponent':>8s} {'significand':>11s} {'largest':>12s} "
-      f"{'gap above 1':>12s}")
-for name, dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
+FORMATS = (("float32", np.float32), ("float16", np.float16),
+           ("bfloat16", ml_dtypes.bfloat16))
+print(f"{'format':9s} {'sign':>4s} {'exponent':>8s} {'significand':>11s} "
+      f"{'largest':>12s} {'gap above 1':>12s}")
+for name, dt in FORMATS:
     fi = ml_dtypes.finfo(dt)
-    print(f"{name:9s} {1:4d} {fi.nexp:8d} {fi.nmant:11d} {float(fi.max):12.4g} {float(fi.eps):12.4g}")
+    print(f"{name:9s} {1:4d} {fi.nexp:8d} {fi.nmant:11d} {float(fi.max):12.4g} "
+          f"{float(fi.eps):12.4g}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The same number, π, in the three formats, bit by bit (sign | exponent | significand).
@@ -456,8 +541,9 @@ def bits(value, dtype):
     return f"{raw[0]} | {raw[1:1 + exp]} | {raw[1 + exp:]}"
 
 
-for name, dt in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
-    print(f"{name:9s} {bits(np.pi, dt):38s} = {float(np.array(np.pi, np.float32).astype(dt)):.7f}")
+for name, dt in FORMATS:
+    rounded = float(np.array(np.pi, np.float32).astype(dt))
+    print(f"{name:9s} {bits(np.pi, dt):38s} = {rounded:.7f}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # **Range.** A value of 70,000 (a large activation or an un-normalised gradient sum)
@@ -470,7 +556,8 @@ with np.errstate(over="ignore"):
     print("float32 :", x)
     print("float16 :", x.astype(np.float16))
 print("bfloat16:", x.astype(ml_dtypes.bfloat16))
-print("relative error of bf16:", np.abs(x.astype(ml_dtypes.bfloat16).astype(np.float32) / x - 1).round(5))
+back = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+print("relative error of bf16:", np.abs(back / x - 1).round(5))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # **Accumulation.** A matmul adds up K products. With the running sum in bf16, once the
@@ -501,14 +588,17 @@ for i, t in enumerate(bf_in):
     s = ml_dtypes.bfloat16(np.float32(s) + np.float32(t))
     acc16[i] = np.float32(s)
 for n in (16, 256, 4096):
-    print(f"sum of {n:4d} terms: exact {exact[n - 1]:9.3f}, fp32 accumulator "
-          f"{acc32[n - 1]:9.3f}, bf16 accumulator {acc16[n - 1]:9.3f}")
+    print(f"sum of {n:4d} terms: exact {exact[n - 1]:8.3f}, fp32 accumulator "
+          f"{acc32[n - 1]:8.3f}, bf16 accumulator {acc16[n - 1]:8.3f}")
 
 # %% slideshow={"slide_type": "slide"}
+# Relative error vs number of terms summed, fp32 vs bf16 accumulator, log-log
 steps = np.arange(1, len(terms) + 1)
 plt.figure(figsize=(7, 3.4))
-plt.loglog(steps, np.abs(acc32 / exact - 1) + 1e-9, label="bf16 inputs, fp32 accumulator")
-plt.loglog(steps, np.abs(acc16 / exact - 1) + 1e-9, label="bf16 inputs, bf16 accumulator")
+plt.loglog(steps, np.abs(acc32 / exact - 1) + 1e-9,
+           label="bf16 inputs, fp32 accumulator")
+plt.loglog(steps, np.abs(acc16 / exact - 1) + 1e-9,
+           label="bf16 inputs, bf16 accumulator")
 plt.xlabel("number of terms summed")
 plt.ylabel("relative error")
 plt.legend()

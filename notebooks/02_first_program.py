@@ -24,43 +24,100 @@
 # **Notation.** *Host*: the CPU and its memory that run Python. *Device*: one chip (or
 # one TensorCore) that JAX sees. *HBM*: the device's high-bandwidth memory.
 
-# %% slideshow={"slide_type": "skip"}
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% slideshow={"slide_type": "skip"} cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "half-day"}
@@ -92,7 +149,8 @@ print("devices:", jax.devices())
 print("device_count:", jax.device_count(), " local:", jax.local_device_count(),
       " processes:", jax.process_count())
 device = jax.devices()[0]
-print(f"device 0: platform={device.platform!r} kind={device.device_kind!r} id={device.id}")
+print(f"device 0: platform={device.platform!r} kind={device.device_kind!r} "
+      f"id={device.id}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Data starts on the host as a NumPy array. `jax.device_put` copies it to a device (the
@@ -104,11 +162,13 @@ print(f"device 0: platform={device.platform!r} kind={device.device_kind!r} id={d
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 host = np.arange(12, dtype=np.float32).reshape(3, 4)
 on_device = jax.device_put(host, device)
-print(type(host).__name__, "->", type(on_device).__name__, on_device.shape, on_device.dtype)
+print(type(host).__name__, "->", type(on_device).__name__, on_device.shape,
+      on_device.dtype)
 print("devices():", on_device.devices())
 print("sharding: ", on_device.sharding)
 doubled = on_device * 2  # computed where the input lives
-print("result lives on", doubled.devices(), "| back on the host:", np.asarray(doubled)[0])
+print("result lives on", doubled.devices(), "| back on the host:",
+      np.asarray(doubled)[0])
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # `runtime.describe()`, used for the banner, gathers exactly these facts (platform,
@@ -116,11 +176,12 @@ print("result lives on", doubled.devices(), "| back on the host:", np.asarray(do
 # course's hardware table:
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
-# The same facts field by field (they differ from runtime to runtime, so nbval skips them)
-print(f"platform={rt.platform!r} device_kind={rt.device_kind!r} devices={rt.device_count} "
-      f"processes={rt.process_count} generation={rt.generation!r} host={rt.host!r}")
+# The same facts field by field (they differ from runtime to runtime: nbval skips them)
+print(f"platform={rt.platform!r} device_kind={rt.device_kind!r} "
+      f"devices={rt.device_count} processes={rt.process_count}")
+print(f"generation={rt.generation!r} host={rt.host!r}")
 print(rt.chip.summary() if rt.chip else "No accelerator in the hardware table: this is "
-      "a CPU (or an unknown chip), so there is no peak to compare against.")
+      "a CPU (or an unknown chip),\nso there is no peak to compare against.")
 assert rt.device_count == jax.device_count() and rt.device_kind == device.device_kind
 
 # %% [markdown] slideshow={"slide_type": "skip"}
@@ -177,12 +238,14 @@ print(hardware.table())
 # %% slideshow={"slide_type": "subslide"}
 from tpu_course import costs
 
-print(f"Check today's prices at {costs.PRICES_SOURCE} (the example prices: {costs.PRICES_AS_OF})")
+print(f"Check today's prices at {costs.PRICES_SOURCE}\n"
+      f"(the example prices: {costs.PRICES_AS_OF})")
 v5e_spot_price = None  # USD per chip-hour, today's spot price for your region
 v6e_price = None  # USD per chip-hour, today's on-demand price
-workshop = costs.training_cost("v5e", 20, hours=3, pricing="spot",  # 20 learners x 1 chip x 3 h
+# 20 learners x 1 chip x 3 h, and a v6e-8 for a day
+workshop = costs.training_cost("v5e", 20, hours=3, pricing="spot",
                                usd_per_chip_hour=v5e_spot_price)
-one_day = costs.training_cost("v6e", 8, hours=24, usd_per_chip_hour=v6e_price)  # a v6e-8, a day
+one_day = costs.training_cost("v6e", 8, hours=24, usd_per_chip_hour=v6e_price)
 print("a workshop:", workshop)
 print("a day of v6e-8:", one_day)
 
@@ -200,9 +263,11 @@ print("a day of v6e-8:", one_day)
 # a fixed cost per transfer, large ones by bandwidth.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
+# Bandwidth vs transfer size, host to device and back, log-log
 from tpu_course import transfer
 
-sizes = transfer.DEFAULT_SIZES_BYTES if rt.platform != "cpu" else transfer.DEFAULT_SIZES_BYTES[:-1]
+sizes = transfer.DEFAULT_SIZES_BYTES
+sizes = sizes if rt.platform != "cpu" else sizes[:-1]
 sweep = transfer.measure_transfers(sizes, repeats=5)
 print(sweep)
 sweep.plot();
@@ -245,7 +310,8 @@ y.block_until_ready()  # now wait for the device
 finished = time.perf_counter() - start
 print(f"returned after {dispatched * 1e3:8.3f} ms (work queued, not done)")
 print(f"finished after {finished * 1e3:8.3f} ms (block_until_ready)")
-print(f"a timer without block_until_ready would report {dispatched / finished:.1%} of the real time")
+print(f"a timer without block_until_ready would report {dispatched / finished:.1%} "
+      "of the real time")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "half-day", "needs": "tpu"}
 # ## 5. A first timed matmul
@@ -259,8 +325,9 @@ print(f"a timer without block_until_ready would report {dispatched / finished:.1
 # %% slideshow={"slide_type": "skip"}
 from tpu_course import bench
 
-# bf16 matrix units arrived with NVIDIA's compute capability 8.0 (A100); a T4 is 7.5, and
-# its row in the hardware table has no bf16 peak (hardware.bf16_matrix_peak gives None)
+# bf16 matrix units arrived with NVIDIA's compute capability 8.0 (A100); a T4 is 7.5,
+# and its row in the hardware table has no bf16 peak (hardware.bf16_matrix_peak gives
+# None)
 compute_capability = float(getattr(device, "compute_capability", 0) or 0)
 bf16_emulated = rt.platform == "gpu" and (hardware.bf16_matrix_peak(rt.chip) is None
                                           or 0 < compute_capability < 8.0)
@@ -286,17 +353,18 @@ result
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
 if bf16_emulated:
-    print(f"{rt.device_kind}: no bf16 matrix units, so bf16 is emulated (computed in fp32); "
-          "compared with the fp32 peak.")
+    print(f"{rt.device_kind}: no bf16 matrix units, so bf16 is emulated (computed in "
+          "fp32);\ncompared with the fp32 peak.")
 if result.fraction_of_peak is not None:
     print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s = {result.fraction_of_peak:.0%} of "
           f"{hardware.get(result.chip).display_name}'s {result.peak_name} peak")
 elif rt.platform == "cpu":
-    print(f"{result.flops_per_s / 1e9:.1f} GFLOP/s on {rt.device_kind}: a CPU timing, with no "
-          "TPU peak to compare against; run this notebook on a TPU runtime to see one.")
+    print(f"{result.flops_per_s / 1e9:.1f} GFLOP/s on {rt.device_kind}: a CPU timing, "
+          "with no TPU peak to compare\nagainst; run this notebook on a TPU runtime "
+          "to see one.")
 else:
-    print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s on {rt.device_kind}: the hardware table "
-          "has no peak for this chip and dtype to compare against.")
+    print(f"{result.flops_per_s / 1e12:.1f} TFLOP/s on {rt.device_kind}: the hardware "
+          "table has no peak for this chip\nand dtype to compare against.")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "half-day"}
 # ## Takeaways

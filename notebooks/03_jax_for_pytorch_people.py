@@ -31,43 +31,100 @@
 # *Compile*: XLA turning that record into a program for the device. *Pytree*: any
 # nesting of lists, tuples and dicts whose leaves are arrays.
 
-# %% slideshow={"slide_type": "skip"}
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% slideshow={"slide_type": "skip"} cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %% slideshow={"slide_type": "skip"}
@@ -99,8 +156,8 @@ if HAVE_TORCH:
     import torch
     print(f"torch {torch.__version__} is installed: PyTorch twins run live.")
 else:
-    print("torch is not installed: PyTorch twins are shown, not run; the parity section "
-          "uses the stored reference.")
+    print("torch is not installed: PyTorch twins are shown, not run;\n"
+          "the parity section uses the stored reference.")
 
 
 def pytorch(code: str) -> None:
@@ -149,7 +206,8 @@ print("x =", x.tolist(), " y =", y.tolist())
 def bump(x):
     return x.at[1].add(1.0)
 
-print(jax.make_jaxpr(bump)(jnp.zeros(3)))
+jaxpr_lines = str(jax.make_jaxpr(bump)(jnp.zeros(3))).splitlines()
+print("\n".join(l if len(l) <= 88 else l[:84] + " ..." for l in jaxpr_lines))
 
 bump_donating = jax.jit(bump, donate_argnums=0)
 old = jnp.zeros(3)
@@ -182,7 +240,8 @@ with warnings.catch_warnings(record=True) as caught:
     total = jax.jit(jnp.sum, donate_argnums=0)(x4)
 print("warning:", [str(w.message).splitlines()[0] for w in caught])
 print("x4 deleted:", x4.is_deleted())
-print("a donated training step computes right on this runtime:", runtime.donation_is_safe())
+print("a donated training step computes right on this runtime:",
+      runtime.donation_is_safe())
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 10, "agenda": "one-day"}
 # ## 2. `jit` and tracing
@@ -221,7 +280,7 @@ def relu_or_flip(x):
 try:
     jax.jit(relu_or_flip)(jnp.array([1.0, -2.0]))
 except jax.errors.TracerBoolConversionError as err:
-    print(type(err).__name__ + ":", str(err).split("\n")[0])
+    print(type(err).__name__ + ":\n ", str(err).split("\n")[0])
 
 @jax.jit
 def relu_or_flip_where(x):
@@ -232,7 +291,8 @@ def relu_or_flip_cond(x):
     return jax.lax.cond(x.sum() > 0, lambda v: jnp.maximum(v, 0), lambda v: -v, x)
 
 for v in (jnp.array([3.0, -1.0]), jnp.array([1.0, -2.0])):
-    print(v.tolist(), "->", relu_or_flip_where(v).tolist(), relu_or_flip_cond(v).tolist())
+    print(v.tolist(), "->", relu_or_flip_where(v).tolist(),
+          relu_or_flip_cond(v).tolist())
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ### Static shapes and `static_argnums`
@@ -249,7 +309,7 @@ def ones_of_length(n):
 try:
     jax.jit(ones_of_length)(3)
 except TypeError as err:   # ConcretizationTypeError is a TypeError
-    print(type(err).__name__ + ":", str(err).split("\n")[0][:90])
+    print(type(err).__name__ + ":\n ", str(err).split("\n")[0][:86])
 
 @functools.partial(jax.jit, static_argnums=0)      # n is part of the cache key
 def ones_static(n):
@@ -277,16 +337,16 @@ W = jnp.asarray(np.random.default_rng(0).standard_normal((16, 4)), jnp.float32)
 def predict(x):
     return jnp.tanh(x @ W)
 
-# A loader over 100 examples in batches of 32 hands out 32, 32, 32 and a last batch of 4;
-# other splits (an evaluation set of 90, a dataset of 77) end with other sizes.
+# A loader over 100 examples in batches of 32 hands out 32, 32, 32 and a last batch of
+# 4; other splits (an evaluation set of 90, a dataset of 77) end with other sizes.
 sizes = [32, 32, 32, 4] + [32, 32, 26] + [32, 32, 13]
 batches = [np.ones((n, 16), np.float32) for n in sizes]
 before = bench.compile_counts()["compiles"]
 for b in batches:
     predict(b).block_until_ready()
 after = bench.compile_counts()["compiles"]
-print(f"batch sizes {sorted(set(sizes))}: predict holds {predict._cache_size()} compiled "
-      f"versions; JAX's compile events during the loop: {after - before}")
+print(f"batch sizes {sorted(set(sizes))}: predict holds {predict._cache_size()} "
+      f"compiled versions;\nJAX's compile events during the loop: {after - before}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The fix is to give the compiler only a few shapes: **pad** each batch up to the
@@ -314,8 +374,8 @@ for b in batches:
     # the real rows are unchanged (to this runtime's matmul precision: section 10)
     assert np.allclose(out, np.asarray(predict(b)), atol=1e-2)
 after = bench.compile_counts()["compiles"]
-print(f"padded to buckets {BUCKETS}: {predict_bucketed._cache_size()} compiled versions; "
-      f"JAX's compile events during the loop: {after - before}")
+print(f"padded to buckets {BUCKETS}: {predict_bucketed._cache_size()} compiled "
+      f"versions;\nJAX's compile events during the loop: {after - before}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # ### Python numbers are *weakly typed*
@@ -399,7 +459,7 @@ pytorch("""
 w = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
 X, Y = torch.ones(4, 3), torch.arange(4.0)
 rows = []
-for x, y in zip(X, Y):             # the classic way: one backward pass per example
+for x, y in zip(X, Y):  # the classic way: one backward pass per example
     w.grad = None
     (0.5 * (x @ w - y) ** 2).backward()
     rows.append(w.grad.clone())
@@ -415,16 +475,16 @@ w = jnp.asarray(rng.standard_normal(3), jnp.float32)
 X = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
 Y = jnp.asarray(rng.standard_normal(4), jnp.float32)
 
-batched_loss = jax.vmap(example_loss, in_axes=(None, 0, 0))      # w shared, x and y batched
+batched_loss = jax.vmap(example_loss, in_axes=(None, 0, 0))  # w shared, x, y batched
 per_example = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0))(w, X, Y)
-closed_form = (X @ w - Y)[:, None] * X                           # d/dw of 0.5 (x.w - y)^2
+closed_form = (X @ w - Y)[:, None] * X  # d/dw of 0.5 (x.w - y)^2
 print("losses", [round(float(v), 3) for v in batched_loss(w, X, Y)])
 # (tolerances allow for a TPU's default bfloat16 matmul pass, section 10)
 print("per-example grads, shape", per_example.shape, "match closed form:",
       bool(jnp.allclose(per_example, closed_form, rtol=1e-2, atol=1e-2)))
+batch_grad = jax.grad(lambda w: batched_loss(w, X, Y).sum())(w)
 print("their sum is the batch gradient:",
-      bool(jnp.allclose(per_example.sum(0),
-                        jax.grad(lambda w: batched_loss(w, X, Y).sum())(w), rtol=1e-2, atol=1e-2)))
+      bool(jnp.allclose(per_example.sum(0), batch_grad, rtol=1e-2, atol=1e-2)))
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days"}
 # ## 5. Explicit random keys instead of a global seed
@@ -447,13 +507,15 @@ print(a.tolist(), b.tolist(), torch.rand(2).tolist())
 
 # %% slideshow={"slide_type": "skip"}
 key = jax.random.key(0)
-print("same key, same numbers:", jax.random.uniform(key, (2,)).tolist(),
-      jax.random.uniform(key, (2,)).tolist())
+def draw(k, shape=(2,)):
+    values = np.asarray(jax.random.uniform(k, shape)).reshape(-1)
+    return [round(float(v), 4) for v in values] if shape else round(float(values[0]), 4)
+
+print("same key, same numbers:", draw(key), draw(key))
 init_key, dropout_key = jax.random.split(key)
-print("after split:           ", jax.random.uniform(init_key, (2,)).tolist(),
-      jax.random.uniform(dropout_key, (2,)).tolist())
+print("after split:           ", draw(init_key), draw(dropout_key))
 step_keys = [jax.random.fold_in(dropout_key, step) for step in range(3)]
-print("fold_in(step):         ", [round(float(jax.random.uniform(k)), 4) for k in step_keys])
+print("fold_in(step):         ", [draw(k, ()) for k in step_keys])
 
 # %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 4, "agenda": "two-days"}
 # Why this matters on many chips: with a global seed, each device's random stream
@@ -476,7 +538,7 @@ pytorch("""
 model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
 model(torch.ones(1, 3)).sum().backward()
 with torch.no_grad():
-    for name, p in model.named_parameters():   # state lives on the module, updated in place
+    for name, p in model.named_parameters():  # on the module, in place
         p -= 0.1 * p.grad
 print([(name, tuple(p.shape)) for name, p in model.named_parameters()])
 """)
@@ -486,7 +548,7 @@ params = {"fc1": {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)},
           "fc2": {"kernel": jnp.ones((2, 1)), "bias": jnp.zeros(1)}}
 grads = jax.tree.map(jnp.ones_like, params)
 new_params = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)   # SGD, every leaf
-print("shapes:", jax.tree.map(jnp.shape, new_params))
+print("shapes:\n ", jax.tree.map(jnp.shape, new_params))
 print("leaves:", len(jax.tree.leaves(params)),
       " parameters:", sum(leaf.size for leaf in jax.tree.leaves(params)))
 
@@ -505,7 +567,8 @@ opt_state = tx.init(params)
 updates, opt_state = tx.update(grads, opt_state, params)
 optax_params = optax.apply_updates(params, updates)
 same = jax.tree.map(lambda a, b: bool(jnp.allclose(a, b)), optax_params, new_params)
-print("optax.sgd's step equals the tree.map step on every leaf:", all(jax.tree.leaves(same)))
+print("optax.sgd's step equals the tree.map step on every leaf:",
+      all(jax.tree.leaves(same)))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Flax NNX brings back the PyTorch feel (a `Module` object with attributes), and
@@ -574,8 +637,8 @@ print("fori_loop: 3**4 =", float(jax.jit(power)(3.0, 4)))
 
 # A Python loop unrolls; scan does not: count the operations in each program.
 unrolled = jax.make_jaxpr(lambda xs: sum(xs[i] for i in range(50)))(jnp.ones(50))
-scanned = jax.make_jaxpr(lambda xs: jax.lax.scan(lambda c, x: (c + x, None), 0.0, xs)[0])(
-    jnp.ones(50))
+scanned = jax.make_jaxpr(
+    lambda xs: jax.lax.scan(lambda c, x: (c + x, None), 0.0, xs)[0])(jnp.ones(50))
 print("equations: Python loop", len(unrolled.eqns), "| lax.scan", len(scanned.eqns))
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "self-paced"}
@@ -637,10 +700,11 @@ def rel_err(c):
 HIGHEST = jax.lax.Precision.HIGHEST
 full_fp32 = jnp.dot(a, b, precision=HIGHEST)
 bf16 = lambda m: jnp.asarray(m).astype(jnp.bfloat16).astype(jnp.float32)
-one_bf16_pass = jnp.dot(bf16(a), bf16(b), precision=HIGHEST)    # what DEFAULT does on TPU
+one_bf16_pass = jnp.dot(bf16(a), bf16(b), precision=HIGHEST)  # DEFAULT on a TPU
 print(f"float32 (HIGHEST):              max error / max |C| = {rel_err(full_fp32):.0e}"
       if rel_err(full_fp32) < 1e-6 else "unexpected float32 error")
-print(f"one bf16 pass (TPU's DEFAULT):  max error / max |C| = {rel_err(one_bf16_pass):.0e}")
+print("one bf16 pass (TPU's DEFAULT):  max error / max |C| = "
+      f"{rel_err(one_bf16_pass):.0e}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # On the runtime this notebook runs on, the real default against float32 (on a CPU both
@@ -652,7 +716,8 @@ print(f"one bf16 pass (TPU's DEFAULT):  max error / max |C| = {rel_err(one_bf16_
 default = jnp.dot(a, b)
 with jax.default_matmul_precision("float32"):
     scoped = jnp.dot(a, b)
-print(f"{rt.platform.upper()}: default precision  max error / max |C| = {rel_err(default):.0e}")
+print(f"{rt.platform.upper()}: default precision  max error / max |C| = "
+      f"{rel_err(default):.0e}")
 print(f"{rt.platform.upper()}: inside jax.default_matmul_precision('float32'): "
       f"{rel_err(scoped):.0e}")
 
@@ -704,14 +769,16 @@ from tpu_course.checks import ch03
 
 ref = ch03.reference()            # live PyTorch when installed, else the stored arrays
 print(ref)
-print("model:", {k: ref.meta[k] for k in ("batch", "channels", "size", "hidden", "classes",
-                                          "optimizer", "lr")})
+print("model:", {k: ref.meta[k] for k in ("batch", "channels", "size", "hidden")})
+print("      ", {k: ref.meta[k] for k in ("classes", "optimizer", "lr")})
 
 # %% slideshow={"slide_type": "skip"}
-print("PyTorch weights (state_dict):",
-      {k: tuple(v.shape) for k, v in ref.torch_state_dict.items()})
+print("PyTorch weights (state_dict):")
+for k, v in ref.torch_state_dict.items():
+    print(f"  {k}: {tuple(v.shape)}")
 print("arrays to match:", len(ref.expected), "=",
-      {kind: sum(n.split("/")[0] == kind for n in ref.expected) for kind in parity.KINDS})
+      {kind: sum(n.split("/")[0] == kind for n in ref.expected)
+       for kind in parity.KINDS})
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The JAX port: convert the weights, then write the forward pass in NHWC. One trap is
@@ -756,7 +823,7 @@ report = parity.compare(ref.expected, ours)
 print(report.summary())
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "slide"}
-report          # the full table (errors at the level of float32 rounding vary by machine)
+report  # the full table (errors at the level of float32 rounding vary by machine)
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # `jax_trace` runs the port under `jax.default_matmul_precision("highest")` by default:
@@ -774,29 +841,38 @@ ports = {"the port above": report}
 
 def plant(name, params=jax_params, fwd=forward, reduce=jnp.mean):
     loss = lambda p, x, y: cross_entropy(p, x, y, forward=fwd, reduce=reduce)
-    got = parity.jax_trace(params, x_nhwc, y, forward=fwd, loss_fn=loss, step=sgd_step(loss))
+    got = parity.jax_trace(params, x_nhwc, y, forward=fwd, loss_fn=loss,
+                           step=sgd_step(loss))
     ports[name] = parity.compare(ref.expected, got)
-    print(f"{name}:\n  {ports[name].summary()}\n")
+    show(name, ports[name])
 
-transposed = dict(jax_params, fc2=dict(jax_params["fc2"], kernel=jnp.asarray(sd["fc2.weight"])))
+
+def show(name, result):  # the one-line summary, wrapped to the page
+    print(f"{name}:\n" + textwrap.fill(result.summary(), 88, initial_indent="  ",
+                                       subsequent_indent="    ") + "\n")
+
+
+fc2_weight = jnp.asarray(sd["fc2.weight"])
+transposed = dict(jax_params, fc2=dict(jax_params["fc2"], kernel=fc2_weight))
 # (just the parameters: with a transposed kernel the forward pass would not even run)
-print("transposed fc2 weight:\n  " + parity.compare(
+show("transposed fc2 weight", parity.compare(
     ref.expected, parity.jax_trace(transposed, x_nhwc),
-    names=[n for n in ref.expected if n.startswith("params/")]).summary() + "\n")
+    names=[n for n in ref.expected if n.startswith("params/")]))
 
 def forward_no_bias(params, x):
     out = forward(params, x)
-    f1 = out["fc1"] - params["fc1"]["bias"]                 # as if the bias were forgotten
+    f1 = out["fc1"] - params["fc1"]["bias"]  # as if the bias were forgotten
     f2 = jax.nn.relu(f1) @ params["fc2"]["kernel"] + params["fc2"]["bias"]
     return dict(out, fc1=f1, fc2=f2)
 
 plant("fc1 bias forgotten", fwd=forward_no_bias)
-plant("flattened NHWC, not NCHW", fwd=lambda p, x: forward(p, x, flatten_like_torch=False))
+plant("flattened NHWC, not NCHW",
+      fwd=lambda p, x: forward(p, x, flatten_like_torch=False))
 plant("loss summed, not averaged", reduce=jnp.sum)
 
 # %% slideshow={"slide_type": "subslide"}
-# Every port against the reference: a row per port, a column per array in the order the
-# report reads them; green is within tolerance, red past it.
+# Grid of ports (rows) by arrays (columns): green within tolerance, red past it
+# (columns in the order the report reads them)
 parity.plot_reports(ports);
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "one-day"}

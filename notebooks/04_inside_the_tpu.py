@@ -40,43 +40,100 @@
 # | $I^* = P/W$ | the ridge point (critical intensity) |
 # | $M$, $D$, $H$ | the layer's batch (rows of `x`), inputs and outputs: `x: [M, D]`, `W: [D, H]` |
 
-# %% slideshow={"slide_type": "skip"}
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% slideshow={"slide_type": "skip"} cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %% slideshow={"slide_type": "skip"}
@@ -87,6 +144,7 @@ print(rt.banner())
 
 # %% slideshow={"slide_type": "skip"}
 import os
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -98,8 +156,9 @@ ON_CPU = rt.platform == "cpu"
 AOT = hlo.compile_only_available()
 print("compile-only TPU targets available:", AOT)
 if not AOT:
-    print("Note: the cells that compile for a TPU will print a note and skip. To see them, "
-          'install the extra: pip install "tpu-course[aot]" (about 700 MB), then restart.')
+    print("Note: the cells that compile for a TPU will print a note and skip. To see "
+          "them,\ninstall the extra: "
+          'pip install "tpu-course[aot]" (about 700 MB), then restart.')
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "half-day"}
 # ## 1. Three programs from one function
@@ -127,10 +186,11 @@ def layer(x, w, b):
     return jax.nn.relu(x @ w + b)
 
 
-args = (jax.ShapeDtypeStruct((M, D), jnp.float32), jax.ShapeDtypeStruct((D, H), jnp.float32),
+args = (jax.ShapeDtypeStruct((M, D), jnp.float32),
+        jax.ShapeDtypeStruct((D, H), jnp.float32),
         jax.ShapeDtypeStruct((H,), jnp.float32))
 traced = jax.jit(layer).trace(*args)  # 1. trace: the jaxpr
-lowered = traced.lower()  # 2. lower: StableHLO (jax.jit(layer).lower(*args) does 1 and 2)
+lowered = traced.lower()  # 2. lower: StableHLO (jax.jit(layer).lower does 1 and 2)
 compiled = lowered.compile()  # 3. compile: XLA for this backend
 print(traced.jaxpr.pretty_print(use_color=False))
 
@@ -140,7 +200,8 @@ print(traced.jaxpr.pretty_print(use_color=False))
 # `lowered.as_text()`, says the same in MLIR (the first lines are shown):
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
-print("\n".join(lowered.as_text().splitlines()[:12]))
+# hlo.wrap_lines continues each long line on the next (88 characters a line)
+print(hlo.wrap_lines("\n".join(lowered.as_text().splitlines()[:12])))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The optimised HLO, `compiled.as_text()`, is where XLA's decisions appear: its fusions,
@@ -149,7 +210,7 @@ print("\n".join(lowered.as_text().splitlines()[:12]))
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 hlo_text = compiled.as_text()
-print(hlo_text[hlo_text.index("ENTRY"):].split("\n}")[0])
+print(hlo.wrap_lines(hlo_text[hlo_text.index("ENTRY"):].split("\n}")[0]))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The compiled program also answers two questions without running: what it costs
@@ -207,18 +268,20 @@ if problem is None:
     from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
 
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no TPU here: skip libtpu's lock
+    # no TPU here: skip libtpu's lock
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     with runtime.quiet_libtpu():  # drops libtpu's "no TPU metadata" start-up warnings
         v5e_slice = topologies.get_topology_desc("v5e:2x2", "tpu")
     chip0 = SingleDeviceSharding(v5e_slice.devices[0])
     tpu_args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=chip0) for a in args]
     tpu_compiled = jax.jit(layer).trace(*tpu_args).lower().compile()
     tpu_hlo = tpu_compiled.as_text()
-    print("compiled for", v5e_slice.devices[0].device_kind, "(compile-only); the entry, and "
-          "the MXU's convolution inside its fusion:")
+    print("compiled for", v5e_slice.devices[0].device_kind,
+          "(compile-only); the entry,\nand the MXU's convolution inside its fusion:")
     entry = tpu_hlo[tpu_hlo.index("ENTRY"):].split("\n}")[0].splitlines()
     for line in entry + [l for l in tpu_hlo.splitlines() if " convolution(" in l]:
-        print(" ", line.strip().split(", metadata=")[0].split(", backend_config=")[0])
+        line = line.strip().split(", metadata=")[0].split(", backend_config=")[0]
+        print(hlo.wrap_lines("  " + line))
 else:
     print("skipped:", problem)
 
@@ -233,7 +296,8 @@ if AOT:
           f"compile-only: {tpu_report.compile_only}")
     print("top-level ops:", tpu_report.compute_ops)
     for f in tpu_report.fusions:
-        print(f"  fusion {f.kind}: {f.ops}")
+        ops = ", ".join(f"{op} x{k}" for op, k in f.ops.items())
+        print(textwrap.fill(f"  fusion {f.kind}: {ops}", 88, subsequent_indent="    "))
 else:
     print("skipped: needs the TPU extra (libtpu) to compile for a TPU")
 
@@ -319,13 +383,15 @@ count_row("hand count", hand_flops, hand_bytes)
 intermediate = M * H * 4  # the matmul's [M, H] fp32 result
 count_row("hand, matmul result unfused", hand_flops, hand_bytes + 2 * intermediate)
 if AOT:
-    count_row("XLA, TPU v5e (compile-only)", tpu_report.flops, tpu_report.bytes_accessed)
+    count_row("XLA, TPU v5e (compile-only)", tpu_report.flops,
+              tpu_report.bytes_accessed)
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 # XLA's counts for this runtime's backend (they differ between CPU, GPU and TPU)
 count_row(f"XLA, this runtime ({rt.platform})", report.flops, report.bytes_accessed)
 print("kernels:", report.compute_ops)
-for name, nbytes in (("hand count", hand_bytes), ("unfused hand count", hand_bytes + 2 * intermediate)):
+for name, nbytes in (("hand count", hand_bytes),
+                     ("unfused hand count", hand_bytes + 2 * intermediate)):
     if report.bytes_accessed == nbytes:
         print(f"XLA's bytes equal the {name}")
 
@@ -349,15 +415,19 @@ for name, nbytes in (("hand count", hand_bytes), ("unfused hand count", hand_byt
 # %% slideshow={"slide_type": "skip"}
 if AOT:
     print(f"memory analysis: arguments {tpu_report.argument_bytes:,} B "
-          f"(x + W + b = {(M * D + D * H + H) * 4:,}), output {tpu_report.output_bytes:,} B, "
+          f"(x + W + b = {(M * D + D * H + H) * 4:,}),\n"
+          f"output {tpu_report.output_bytes:,} B, "
           f"temporaries {tpu_report.temp_bytes:,} B")
-    per_operand = {"x (operand 0)": "bytes accessed0{}", "W (operand 1)": "bytes accessed1{}",
-                   "b (operand 2)": "bytes accessed2{}", "output": "bytes accessedout{}"}
-    floors = {"x (operand 0)": M * D * 4, "W (operand 1)": D * H * 4, "b (operand 2)": H * 4,
-              "output": M * H * 4}
+    per_operand = {"x (operand 0)": "bytes accessed0{}",
+                   "W (operand 1)": "bytes accessed1{}",
+                   "b (operand 2)": "bytes accessed2{}",
+                   "output": "bytes accessedout{}"}
+    floors = {"x (operand 0)": M * D * 4, "W (operand 1)": D * H * 4,
+              "b (operand 2)": H * 4, "output": M * H * 4}
     for what, key in per_operand.items():
         got = tpu_report.cost.get(key, 0.0)
-        print(f"  cost analysis, {what:<14} {got:>11,.0f} B = {got / floors[what]:5.2f} x its size")
+        print(f"  cost analysis, {what:<14} {got:>11,.0f} B = "
+              f"{got / floors[what]:5.2f} x its size")
 else:
     print("skipped: needs the TPU extra (libtpu) to compile for a TPU")
 
@@ -383,20 +453,25 @@ else:
 # %% slideshow={"slide_type": "subslide"}
 v5e = hardware.get("v5e")
 print(f"v5e: P = {v5e.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, "
-      f"W = {v5e.hbm_bytes_per_s / 1e9:.0f} GB/s, ridge I* = {roofline.ridge_point(v5e):.0f} FLOP/byte")
+      f"W = {v5e.hbm_bytes_per_s / 1e9:.0f} GB/s, "
+      f"ridge I* = {roofline.ridge_point(v5e):.0f} FLOP/byte")
 points = []
 for n in (128, 256, 512, 1024, 2048, 4096, 8192):
-    e = roofline.estimate(roofline.matmul_flops(n, n, n), roofline.matmul_bytes(n, n, n, 2), v5e)
-    points.append(roofline.Point(f"matmul {n}", e.intensity, e.attainable_flops_per_s, measured=False))
+    e = roofline.estimate(roofline.matmul_flops(n, n, n),
+                          roofline.matmul_bytes(n, n, n, 2), v5e)
+    points.append(roofline.Point(f"matmul {n}", e.intensity, e.attainable_flops_per_s,
+                                 measured=False))
     print(f"matmul {n:>5}: I = {e.intensity:7.1f}  {e.bound:>7}-bound  "
           f"at best {e.attainable_flops_per_s / 1e12:6.1f} TFLOP/s")
 for label, ai in (("x + y (fp32)", roofline.elementwise_intensity(1, 2, 1, 4)),
                   ("gelu (fp32)", roofline.elementwise_intensity(8, 1, 1, 4))):
-    points.append(roofline.Point(label, ai, roofline.attainable_flops_per_s(ai, v5e), measured=False))
+    points.append(roofline.Point(label, ai, roofline.attainable_flops_per_s(ai, v5e),
+                                 measured=False))
     print(f"{label:>12}: I = {ai:7.3f}   memory-bound  at best "
           f"{roofline.attainable_flops_per_s(ai, v5e) / 1e12:6.3f} TFLOP/s")
 
 # %% slideshow={"slide_type": "slide"}
+# Roofline of a TPU v5e, log-log: FLOP/s vs FLOP per byte, matmuls and elementwise ops
 import matplotlib.pyplot as plt
 
 roofline.plot(v5e, points)
@@ -408,18 +483,21 @@ plt.show()
 # is no chip roof in the table to compare against, and it says so.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
+# This runtime's roofline, log-log, with the matmuls measured here as filled points
 if rt.chip is None:
-    print("This runtime has no roof in tpu_course.hardware (a CPU or an unknown chip): "
+    print("This runtime has no roof in tpu_course.hardware "
+          "(a CPU or an unknown chip):\n"
           "measured points would not be comparable, so none are drawn.")
 else:
     measured = []
     for n in (512, 1024, 2048, 4096, 8192):
         a = jnp.ones((n, n), jnp.bfloat16)
-        r = bench.benchmark(jax.jit(jnp.matmul), a, a, repeats=5, min_time=0.1, warn=False,
-                            flops=roofline.matmul_flops(n, n, n))
-        measured.append(roofline.Point(f"{n}", roofline.matmul_intensity(n, n, n), r.flops_per_s))
-        print(f"matmul {n}: {r.flops_per_s / 1e12:.1f} TFLOP/s = {r.fraction_of_peak:.0%} of "
-              f"one device's peak ({r.peak_name})")
+        r = bench.benchmark(jax.jit(jnp.matmul), a, a, repeats=5, min_time=0.1,
+                            warn=False, flops=roofline.matmul_flops(n, n, n))
+        measured.append(roofline.Point(f"{n}", roofline.matmul_intensity(n, n, n),
+                                       r.flops_per_s))
+        print(f"matmul {n}: {r.flops_per_s / 1e12:.1f} TFLOP/s = "
+              f"{r.fraction_of_peak:.0%} of one device's peak ({r.peak_name})")
     # a chip without bf16 (the T4) computes these matmuls in fp32: draw its fp32 roof
     roof = "bf16" if rt.chip.peak_bf16_flops_per_s is not None else "fp32"
     roofline.plot(rt.chip, measured, dtype=roof)
@@ -470,8 +548,10 @@ for k in range(5):
     jitted(a[: n - k, : n - k]).block_until_ready()
 recompile_s = (time.perf_counter() - start) / 5
 
-for what, t in (("correct (harness median)", good.median_s), ("1. no warm-up", cold_s),
-                ("2. no block_until_ready", dispatch_s), ("3. recompiling each call", recompile_s)):
+for what, t in (("correct (harness median)", good.median_s),
+                ("1. no warm-up", cold_s),
+                ("2. no block_until_ready", dispatch_s),
+                ("3. recompiling each call", recompile_s)):
     print(f"{what:<26} {t * 1e3:10.3f} ms   {t / good.median_s:8.2f}x the correct time")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
@@ -489,7 +569,7 @@ def changing(a):
 
 r = bench.benchmark(changing, a, repeats=5, min_time=0.0, number=1, warn=False)
 print("recompilations seen while timing:", r.recompilations)
-print(r.warnings[0])
+print(textwrap.fill(r.warnings[0], 88))
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "two-days", "needs": "tpu"}
 # ## 6. bf16 against fp32
@@ -502,12 +582,14 @@ print(r.warnings[0])
 # a 1024-cubed matmul:
 
 # %% slideshow={"slide_type": "subslide"}
+if AOT:
+    print("a 1024-cubed matmul compiled for a v5e (compile-only):")
 for dt in (jnp.float32, jnp.bfloat16):
     s = jax.ShapeDtypeStruct((1024, 1024), dt)
     if AOT:
         r = hlo.inspect(jnp.matmul, s, s, target="v5e:1x1")
-        print(f"{jnp.dtype(dt).name:>8} on v5e (compile-only): FLOPs {r.flops:,.0f}, "
-              f"argument bytes {r.argument_bytes:,}, output bytes {r.output_bytes:,}")
+        print(f"{jnp.dtype(dt).name:>8}: FLOPs {r.flops:,.0f}, "
+              f"arguments {r.argument_bytes:,} B, output {r.output_bytes:,} B")
     else:
         print("skipped: needs the TPU extra")
 
@@ -525,9 +607,11 @@ for dt in (jnp.float32, jnp.bfloat16):
     rates[jnp.dtype(dt).name] = r.flops_per_s
 if ON_CPU:
     ratio = rates["bfloat16"] / rates["float32"]
-    print(f"bf16 ran at {ratio:.2f}x the float32 rate on this CPU. A CPU timing, not a TPU "
-          "one: whether bf16 is faster on a CPU depends on its own instructions (some have "
-          "bf16 dot products, many convert to float32 first), not on an MXU.")
+    print(textwrap.fill(
+        f"bf16 ran at {ratio:.2f}x the float32 rate on this CPU. A CPU timing, not a "
+        "TPU one: whether bf16 is faster on a CPU depends on its own instructions "
+        "(some have bf16 dot products, many convert to float32 first), not on an MXU.",
+        88))
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 5, "agenda": "one-day"}
 # ## 7. Shapes that pad badly
@@ -543,7 +627,8 @@ if AOT:
     for shape, dt in (((100, 100), jnp.float32), ((128, 128), jnp.float32),
                       ((129, 128), jnp.float32), ((64, 384), jnp.float32),
                       ((100, 100), jnp.bfloat16)):
-        r = hlo.inspect(lambda x: x + 1, jax.ShapeDtypeStruct(shape, dt), target="v5e:1x1")
+        r = hlo.inspect(lambda x: x + 1, jax.ShapeDtypeStruct(shape, dt),
+                        target="v5e:1x1")
         logical = int(np.prod(shape)) * jnp.dtype(dt).itemsize
         layout = r.lines("parameter")[0].split(" = ")[1].split(" ")[0]
         print(f"layout {layout:<32} logical {logical:>7,} B  "
@@ -585,7 +670,8 @@ if AOT:
         conv = [l for l in r.hlo.splitlines() if " convolution(" in l]
         print(f"{target}: FLOPs {r.flops:,.0f}; argument + output + temp bytes "
               f"{r.argument_bytes:,} + {r.output_bytes:,} + {r.temp_bytes:,}")
-        print("   ", hlo.clean_line(conv[0]).split(", dim_labels")[0] if conv else "(no convolution line)")
+        print("   ", hlo.clean_line(conv[0]).split(", dim_labels")[0] if conv
+              else "(no convolution line)")
 else:
     print("skipped: needs the TPU extra")
 
@@ -613,7 +699,8 @@ import tempfile
 logdir = pathlib.Path(tempfile.mkdtemp(prefix="ch04-profile-"))
 f = jax.jit(step)
 f(a).block_until_ready()  # compile outside the trace
-with jax.profiler.trace(str(logdir)):
+# quiet_libtpu: some runtimes log profiler start-up lines that are not errors (below)
+with runtime.quiet_libtpu(), jax.profiler.trace(str(logdir)):
     for i in range(3):
         with jax.profiler.StepTraceAnnotation("step", step_num=i):
             f(a).block_until_ready()
@@ -627,6 +714,13 @@ for path in sorted(logdir.rglob("*.*")):
 # pip install xprof
 # xprof --logdir <folder>        # then open http://localhost:8791 and pick "trace_viewer"
 # ```
+#
+# On some runtimes (Colab's jax 0.7.2 with libtpu) starting the profiler logs lines
+# that are not errors, which `runtime.quiet_libtpu()` keeps out of the notebook: "Logging
+# before InitGoogle" (libtpu's logging is not set up yet), "No factory for
+# ACTIVITY_TRACING" (this build has no tracer of that kind; device and host traces are
+# still recorded) and "Can't import tensorflow.python.profiler.trace" (jaxlib looks for
+# TensorFlow's tracer; the Python trace is still recorded).
 #
 # (TensorBoard with `tensorboard-plugin-profile` reads the same folder.) The trace
 # viewer shows one row per device stream and one for the host: on a TPU, each fusion
@@ -644,7 +738,8 @@ for path in sorted(logdir.rglob("*.*")):
 # %% slideshow={"slide_type": "subslide"}
 mm = roofline.estimate(roofline.matmul_flops(8192, 8192, 8192),
                        roofline.matmul_bytes(8192, 8192, 8192, 2), v5e)
-print(f"{'chip':<22} {'TFLOP/s':>8} {'HBM GB/s':>9} {'ridge':>6} {'8192^3 ms':>10} {'x+y ms':>7}")
+print(f"{'chip':<22} {'TFLOP/s':>8} {'HBM GB/s':>9} {'ridge':>6} {'8192^3 ms':>10} "
+      f"{'x+y ms':>7}")
 for name in ("v4", "v5e", "v5p", "v6e", "7x", "a100", "h100", "h200"):
     chip = hardware.get(name)
     t_mm = roofline.estimate(mm.flops, mm.bytes_moved, chip).time_s

@@ -45,43 +45,100 @@
 # | $B$ | tokens in the batch (per step; "per slice" where said) |
 # | $D$, $F$ | d_model and d_ff of the MLP block |
 
-# %% slideshow={"slide_type": "skip"}
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% slideshow={"slide_type": "skip"} cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %% slideshow={"slide_type": "skip"}
@@ -106,8 +163,14 @@ STRATEGIES = parallel.STRATEGIES
 real_chips = rt.device_count if rt.platform != "cpu" else 0
 HAVE_TPU_COMPILER = hlo.tpu_compiler_available()
 print(f"jax {jax.__version__}; sim tier: {len(jax.devices('cpu'))} CPU devices")
-print(f"real tier: {'%d %s chips' % (real_chips, rt.device_kind) if real_chips > 1 else 'not available (fewer than 2 chips)'}")
-print(f"aot tier: {'the TPU compiler is available' if HAVE_TPU_COMPILER else 'unavailable: ' + str(hlo.tpu_compiler_problem())}")
+if real_chips > 1:
+    print(f"real tier: {real_chips} {rt.device_kind} chips")
+else:
+    print("real tier: not available (fewer than 2 chips)")
+if HAVE_TPU_COMPILER:
+    print("aot tier: the TPU compiler is available")
+else:
+    print(f"aot tier: unavailable: {hlo.tpu_compiler_problem()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "half-day"}
 # ## 1. Meshes, `NamedSharding`, `PartitionSpec`
@@ -126,8 +189,10 @@ print(f"aot tier: {'the TPU compiler is available' if HAVE_TPU_COMPILER else 'un
 # `axis_types`. Both kinds exist from the course's floor, jax 0.7.2, onward.
 
 # %% slideshow={"slide_type": "slide"}
-cpus = jax.devices("cpu")[:8]  # the sim tier: the simulated CPU devices, even beside a TPU
-mesh2d = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2, devices=cpus)
+# Which of 8 devices holds each block of an 8x8 array, under three PartitionSpecs
+cpus = jax.devices("cpu")[:8]  # the sim tier: the simulated CPU devices, even by a TPU
+mesh2d = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2,
+                       devices=cpus)
 a = jnp.arange(64.0).reshape(8, 8)
 for spec in (P("x", "y"), P("x", None), P()):
     placed = jax.device_put(a, NamedSharding(mesh2d, spec))
@@ -144,7 +209,8 @@ for spec in (P("x", "y"), P("x", None), P()):
 # %% slideshow={"slide_type": "skip"}
 emesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,), devices=cpus)
 xe = jax.device_put(jnp.ones((16, 4)), NamedSharding(emesh, P("data")))
-print("[sim] input:", jax.typeof(xe), "  x @ w:", jax.typeof(jax.jit(jnp.matmul)(xe, jnp.ones((4, 4)))))
+product = jax.jit(jnp.matmul)(xe, jnp.ones((4, 4)))
+print("[sim] input:", jax.typeof(xe), "  x @ w:", jax.typeof(product))
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 17, "agenda": "half-day"}
 # ## 2. Sharding by annotations: the collectives XLA inserts
@@ -158,7 +224,7 @@ print("[sim] input:", jax.typeof(xe), "  x @ w:", jax.typeof(jax.jit(jnp.matmul)
 # lab and the tests reuse it:
 
 # %% slideshow={"slide_type": "skip"}
-# Same code as tpu_course.parallel.mlp_block, tpu_course.parallel.block_loss, tpu_course.parallel.mlp_block_specs, tpu_course.parallel.sharded_block_step
+# Same code as tpu_course.parallel.mlp_block, tpu_course.parallel.block_loss
 def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array,
               precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
     """``relu(x @ w1) @ w2``: the feed-forward block of a transformer layer.
@@ -171,11 +237,14 @@ def mlp_block(w1: jax.Array, w2: jax.Array, x: jax.Array,
     hidden = jax.nn.relu(jnp.matmul(x, w1, precision=precision))
     return jnp.matmul(hidden, w2, precision=precision)
 
+
 def block_loss(params: dict, x: jax.Array, y: jax.Array,
                precision: Any = jax.lax.Precision.HIGHEST) -> jax.Array:
     """The mean squared error of ``mlp_block`` on one batch."""
     return jnp.mean((mlp_block(params["w1"], params["w2"], x, precision) - y) ** 2)
 
+# %% slideshow={"slide_type": "skip"}
+# Same code as tpu_course.parallel.mlp_block_specs
 def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
     """(parameter specs, batch spec) of the MLP block under a strategy.
 
@@ -185,22 +254,27 @@ def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
         return {"w1": P(), "w2": P()}, P(axis)
     if strategy == "fsdp":  # split the weights (first axis) and the batch
         return {"w1": P(axis), "w2": P(axis)}, P(axis)
-    if strategy == "tp":  # Megatron: w1 by columns, w2 by rows; every device sees the batch
+    if strategy == "tp":  # Megatron: w1 by columns, w2 by rows; batch on every device
         return {"w1": P(None, axis), "w2": P(axis, None)}, P()
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
-def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None,
+# %% slideshow={"slide_type": "skip"}
+# Same code as tpu_course.parallel.sharded_block_step
+def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1,
+                       axis: str | None = None,
                        precision: Any = jax.lax.Precision.HIGHEST) -> Callable:
-    """One SGD step of the MLP block, sharded by annotations only: XLA writes the collectives.
+    """One SGD step of the MLP block, sharded by annotations only: XLA writes the
+    collectives.
 
     The step is the single-device one; ``jax.jit``'s ``in_shardings`` and
     ``out_shardings`` say where each array lives. FSDP adds one more annotation: inside
-    the loss each weight is constrained to be whole (replicated), which is FSDP's "gather
-    the weight before using it"; the gradient then flows back to the shards.
+    the loss each weight is constrained to be whole (replicated), which is FSDP's
+    "gather the weight before using it"; the gradient then flows back to the shards.
     """
     axis = axis or mesh.axis_names[0]
     param_specs, batch_spec = mlp_block_specs(strategy, axis)
-    param_sharding = {name: NamedSharding(mesh, spec) for name, spec in param_specs.items()}
+    param_sharding = {name: NamedSharding(mesh, spec)
+                      for name, spec in param_specs.items()}
     batch_sharding = NamedSharding(mesh, batch_spec)
     replicated = NamedSharding(mesh, P())
 
@@ -231,17 +305,19 @@ mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=cpus)
 
 
 def compare(step_fn, strategy, mesh, target=None, **kw):
-    """Compile one strategy's step; return the report, its collectives and the cost model's."""
+    """Compile one strategy's step; return the report, its collectives and the cost
+    model's."""
     args = parallel.mlp_block_abstract(strategy, mesh, B, D, F)
     report = hlo.inspect(step_fn(strategy, mesh, **kw), *args, target=target)
-    plan = plans.collective_bytes(strategy, SHAPES, devices=mesh.devices.size, batch=B, d_out=D)
+    plan = plans.collective_bytes(strategy, SHAPES, devices=mesh.devices.size, batch=B,
+                                  d_out=D)
     return report, report.by_kind(), plan
 
 
 dp_report, dp_compiled, dp_plan = compare(sharded_block_step, "dp", mesh)
 print("[sim] the collective lines of the optimised HLO:")
 for line in dp_report.lines("all-reduce"):
-    print("   ", line[:150])
+    print(hlo.wrap_lines("    " + line))
 print("[sim] what XLA inserted:")
 for c in dp_report.collectives:
     print("   ", c)
@@ -257,13 +333,14 @@ print("[sim] compiled", dp_compiled, "== predicted:", dp_compiled == dp_plan.by_
 # ($D = 8192$, $F = 32768$, bf16), over 16 chips of one axis:
 
 # %% slideshow={"slide_type": "skip"}
-big = plans.collective_bytes("dp", {"w1": (8192, 32768), "w2": (32768, 8192)}, devices=16,
-                             bytes_per_elem=2, loss_bytes=0)
+big = plans.collective_bytes("dp", {"w1": (8192, 32768), "w2": (32768, 8192)},
+                             devices=16, bytes_per_elem=2, loss_bytes=0)
+print(f"an all-reduce of {big.total_bytes / 1e9:.2f} GB over 16 chips, predicted:")
 for name in ("v5e", "v6e", "v5p"):
     chip = hardware.get(name)
     t = big.time_s(chip, 16)
-    print(f"{chip.display_name:<20} W_ici = {comms.w_ici(chip) / 1e9:5.0f} GB/s per axis, "
-          f"all-reduce of {big.total_bytes / 1e9:.2f} GB over 16 chips: {t * 1e3:6.1f} ms (predicted)")
+    print(f"  {chip.display_name:<20} W_ici = {comms.w_ici(chip) / 1e9:5.0f} GB/s "
+          f"per axis: {t * 1e3:6.1f} ms")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # DP hides that time behind the backward pass when each chip's batch is large enough:
@@ -271,8 +348,10 @@ for name in ("v5e", "v6e", "v5p"):
 
 # %% slideshow={"slide_type": "skip"}
 for name in ("v5e", "v6e", "v5p"):
-    print(f"{name}: DP compute-bound above {comms.dp_min_tokens_per_chip(name):,.0f} tokens "
-          f"per chip on one axis, {comms.dp_min_tokens_per_chip(name, axes=2):,.0f} on two")
+    one = comms.dp_min_tokens_per_chip(name)
+    two = comms.dp_min_tokens_per_chip(name, axes=2)
+    print(f"{name}: DP compute-bound above {one:,.0f} tokens per chip on one axis, "
+          f"{two:,.0f} on two")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ### FSDP: all-gather, then a reduce-scatter (or what the backend makes of it)
@@ -306,17 +385,22 @@ print("[sim] compiled:", fsdp_compiled)
 
 # %% slideshow={"slide_type": "skip"}
 n_dev = mesh.devices.size
-weight_bytes = [int(np.prod(shape)) * 4 for shape in SHAPES.values()]  # fp32, w1 then w2
-by_hand = {"all-gather": (len(weight_bytes), sum(v // n_dev for v in weight_bytes)),  # shards in
-           "reduce-scatter": (len(weight_bytes), sum(weight_bytes)),  # whole gradients in
-           "all-reduce": (1, 4)}  # the mean loss
-print("by hand:   ", by_hand)
-print("cost model:", fsdp_plan.by_kind(), " equal:", by_hand == fsdp_plan.by_kind())
-print("[sim] compiled all-gathers equal the hand count:", fsdp_compiled["all-gather"] == by_hand["all-gather"])
+# fp32, w1 then w2
+weight_bytes = [int(np.prod(shape)) * 4 for shape in SHAPES.values()]
+by_hand = {  # shards in, whole gradients in, the mean loss
+    "all-gather": (len(weight_bytes), sum(v // n_dev for v in weight_bytes)),
+    "reduce-scatter": (len(weight_bytes), sum(weight_bytes)),
+    "all-reduce": (1, 4)}
+print("by hand:\n ", by_hand)
+print("cost model:\n ", fsdp_plan.by_kind())
+print("equal:", by_hand == fsdp_plan.by_kind())
+print("[sim] compiled all-gathers equal the hand count:",
+      fsdp_compiled["all-gather"] == by_hand["all-gather"])
 for kind, (_, v) in by_hand.items():
     if kind != "all-reduce":
-        print(f"ring: each device sends {(n_dev - 1) / n_dev * v * (n_dev if kind == 'all-gather' else 1):,.0f} B "
-              f"in the {kind} (V = {v * (n_dev if kind == 'all-gather' else 1):,} B whole)")
+        whole = v * (n_dev if kind == "all-gather" else 1)
+        print(f"ring: each device sends {(n_dev - 1) / n_dev * whole:,.0f} B "
+              f"in the {kind} (V = {whole:,} B whole)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The all-gathers match the model exactly (each device hands over its 1/8 shard). The
@@ -336,11 +420,12 @@ if HAVE_TPU_COMPILER:
                              devices=hlo.tpu_topology("v5e:2x4").devices)
     t0 = time.perf_counter()
     rep, got, plan = compare(sharded_block_step, "fsdp", aot_mesh, target="v5e:2x4")
-    print("[aot v5e:2x4] FSDP compiled:", got, "== predicted:", got == plan.by_kind())
+    print("[aot v5e:2x4] FSDP compiled:\n ", got, "\n  == predicted:",
+          got == plan.by_kind())
     print("[aot v5e:2x4] the fused gradient reduction in the HLO:")
     for line in rep.hlo.splitlines():
         if "calls=%all-reduce-scatter" in line:
-            print("   ", hlo.clean_line(line)[:170])
+            print(hlo.wrap_lines("    " + hlo.clean_line(line)))
     print(f"(compiled in {time.perf_counter() - t0:.1f} s on this host)")
 else:
     print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
@@ -353,13 +438,16 @@ else:
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 if HAVE_TPU_COMPILER:
-    rep, got, plan = compare(sharded_block_step, "fsdp", aot_mesh, target="v5e:2x4", precision=None)
+    rep, got, plan = compare(sharded_block_step, "fsdp", aot_mesh, target="v5e:2x4",
+                             precision=None)
+    print("[aot v5e:2x4, default precision]")
     for c in rep.collectives:
         if c.kind == "all-gather":
-            print(f"[aot v5e:2x4, default precision] {c}")
+            print(f"  {c}")
     for line in rep.lines("all-gather")[:2]:
-        print("   ", line[:150])
-    print(f"all-gather bytes: {got['all-gather'][1]:,} (fp32 shards would be {plan.by_kind()['all-gather'][1]:,})")
+        print(hlo.wrap_lines("    " + line))
+    print(f"all-gather bytes: {got['all-gather'][1]:,} "
+          f"(fp32 shards would be {plan.by_kind()['all-gather'][1]:,})")
 else:
     print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
 
@@ -372,8 +460,10 @@ else:
 # %% slideshow={"slide_type": "skip"}
 for n in (1, 2, 8):
     m = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,), devices=cpus[:n])
-    rep = hlo.inspect(sharded_block_step("fsdp", m), *parallel.mlp_block_abstract("fsdp", m, B, D, F))
-    print(f"[sim] FSDP over {n} device(s): arguments {rep.argument_bytes / 2**20:5.2f} MiB per device")
+    abstract = parallel.mlp_block_abstract("fsdp", m, B, D, F)
+    rep = hlo.inspect(sharded_block_step("fsdp", m), *abstract)
+    print(f"[sim] FSDP over {n} device(s): arguments "
+          f"{rep.argument_bytes / 2**20:5.2f} MiB per device")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ### Tensor parallelism: activations move, not weights
@@ -384,7 +474,8 @@ for n in (1, 2, 8):
 
 # %% slideshow={"slide_type": "subslide"}
 tp_report, tp_compiled, tp_plan = compare(sharded_block_step, "tp", mesh)
-print("\n".join("[sim]    " + line[:150] for line in tp_report.lines("all-reduce")))
+print(hlo.wrap_lines("\n".join("[sim]    " + line
+                               for line in tp_report.lines("all-reduce"))))
 print(tp_plan)
 print("[sim] compiled:", tp_compiled, "== predicted:", tp_compiled == tp_plan.by_kind())
 
@@ -420,7 +511,8 @@ def three(v):  # v: this device's [1, 4] block
     total = jax.lax.psum(v, "data")  # every device: the sum of all rows
     everything = jax.lax.all_gather(v, "data", tiled=True)  # every device: all 8 rows
     mine = jax.lax.psum_scatter(everything, "data", scatter_dimension=0, tiled=True)
-    return total, everything[None], mine  # mine: row i of the sum of 8 copies, i.e. 8 x row i
+    # mine: row i of the sum of 8 copies, i.e. 8 x row i
+    return total, everything[None], mine
 
 
 t, e, mine = jax.jit(shard_map(three, mesh=mesh, in_specs=P("data"),
@@ -438,7 +530,8 @@ print("[sim] psum_scatter: device i gets 8 x row i:", bool(np.allclose(mine, 8 *
 
 # %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.parallel.mlp_block_step
-def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None) -> Callable:
+def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1,
+                   axis: str | None = None) -> Callable:
     """The same SGD step with every collective written by hand, under ``jax.shard_map``.
 
     Inside ``shard_map`` each device sees only its own block of every array and talks to
@@ -448,8 +541,8 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
       through it sums the replicated weights' gradients over devices (one all-reduce).
     * ``"fsdp"``: each weight ``all_gather``-ed before use; JAX's transpose of that
       all-gather is a ``psum_scatter``, so the gradients come back as reduce-scatters.
-    * ``"tp"``: ``w1`` split by columns, ``w2`` by rows; one ``psum`` (all-reduce) of the
-      ``[batch, d_model]`` partial outputs. The batch is replicated.
+    * ``"tp"``: ``w1`` split by columns, ``w2`` by rows; one ``psum`` (all-reduce) of
+      the ``[batch, d_model]`` partial outputs. The batch is replicated.
     """
     axis = axis or mesh.axis_names[0]
     param_specs, batch_spec = mlp_block_specs(strategy, axis)
@@ -467,13 +560,15 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
         return loss if strategy == "tp" else jax.lax.pmean(loss, axis)
 
     def local_step(p, x, y):
-        # No explicit pmean of the gradients: the parameters are replicated (the same on
-        # every device) while the loss came from sharded data, so JAX's transpose of that
-        # broadcast is a psum: the all-reduce of data parallelism appears by itself.
+        # No explicit pmean of the gradients: the parameters are replicated (the same
+        # on every device) while the loss came from sharded data, so JAX's transpose of
+        # that broadcast is a psum: the all-reduce of data parallelism appears by
+        # itself.
         loss, g = jax.value_and_grad(local_loss)(p, x, y)
         return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
 
-    return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=(param_specs, batch_spec, batch_spec),
+    return jax.jit(jax.shard_map(local_step, mesh=mesh,
+                                 in_specs=(param_specs, batch_spec, batch_spec),
                                  out_specs=(param_specs, P())))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
@@ -484,11 +579,12 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
 # %% slideshow={"slide_type": "skip"}
 for strategy in ("dp", "fsdp", "tp"):
     _, got, plan = compare(mlp_block_step, strategy, mesh)
-    print(f"[sim] shard_map {strategy:<4}: {got}  == predicted: {got == plan.by_kind()}")
+    print(f"[sim] shard_map {strategy:<4}:\n  {got}\n"
+          f"  == predicted: {got == plan.by_kind()}")
 fsdp_args = parallel.mlp_block_abstract("fsdp", mesh, B, D, F)
 jaxpr = str(jax.make_jaxpr(mlp_block_step("fsdp", mesh))(*fsdp_args))
-print("[sim] collectives in the FSDP jaxpr:",
-      sorted({w for w in re.findall(r"\b(all_gather|reduce_scatter|psum\w*)\[", jaxpr)}))
+found = re.findall(r"\b(all_gather|reduce_scatter|psum\w*)\[", jaxpr)
+print("[sim] collectives in the FSDP jaxpr:", sorted(set(found)))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ### A ring all-reduce from `ppermute`
@@ -535,7 +631,7 @@ psum = jax.jit(shard_map(lambda v: jax.lax.psum(v, "data"), mesh=mesh,
                          in_specs=P("data"), out_specs=P("data")))
 diff = float(np.abs(np.asarray(ring(x)) - np.asarray(psum(x))).max())
 ring_cs = hlo.inspect(ring, x).collectives
-print(f"[sim] ring equals psum (largest difference below 1e-5): {diff < 1e-5}; "
+print(f"[sim] ring equals psum (largest difference below 1e-5): {diff < 1e-5};\n"
       f"{len(ring_cs)} {ring_cs[0].kind}s of {ring_cs[0].bytes} B each "
       f"= {sum(c.bytes for c in ring_cs) / (x[0].nbytes):.3f} of the array = 2(n-1)/n")
 
@@ -546,7 +642,8 @@ print(f"[sim] ring equals psum (largest difference below 1e-5): {diff < 1e-5}; "
 # %% slideshow={"slide_type": "skip"}
 for step, frame in enumerate(parallel.ring_schedule(4)):
     phase = "start" if step == 0 else ("reduce-scatter" if step <= 3 else "all-gather")
-    print(f"step {step} ({phase}):", " | ".join(" ".join(f"{v:4d}" for v in row) for row in frame))
+    print(f"step {step} ({phase}):")  # then each device's 4 chunks
+    print(" ", " | ".join(" ".join(f"{v:4d}" for v in row) for row in frame))
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ### The three strategies on a compile-only v5e-8 and on real chips
@@ -559,7 +656,8 @@ if HAVE_TPU_COMPILER:
     for fn in (sharded_block_step, mlp_block_step):
         for strategy in ("dp", "fsdp", "tp"):
             _, got, plan = compare(fn, strategy, aot_mesh, target="v5e:2x4")
-            print(f"[aot v5e:2x4] {fn.__name__:<18} {strategy:<4}: {got} == predicted: {got == plan.by_kind()}")
+            print(f"[aot v5e:2x4] {fn.__name__:<18} {strategy:<4}:\n  {got}\n"
+                  f"  == predicted: {got == plan.by_kind()}")
 else:
     print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
 
@@ -577,11 +675,11 @@ if real_chips > 1 and all(n % real_chips == 0 for n in (B, D, F)):
         for _ in range(10):
             out = step(prm, xr, xr)
         jax.block_until_ready(out)
-        print(f"[real {real_chips} x {rt.device_kind}] {strategy}: collectives {got}; "
-              f"step {(time.perf_counter() - t0) / 10 * 1e6:.0f} us (measured)")
+        print(f"[real {real_chips} x {rt.device_kind}] {strategy}: collectives {got};\n"
+              f"  step {(time.perf_counter() - t0) / 10 * 1e6:.0f} us (measured)")
 else:
-    print(f"[real] skipped: this runtime has {max(real_chips, 1)} accelerator chip(s) or none; "
-          "the sim and aot tiers stand in for it")
+    print(f"[real] skipped: this runtime has {max(real_chips, 1)} accelerator chip(s) "
+          "or none;\nthe sim and aot tiers stand in for it")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 3, "agenda": "one-day"}
 # ## 4. Topology: torus vs switch
@@ -600,7 +698,10 @@ cases = [("v5e", 16, None, "one 16-chip axis, wrapped"),
          ("h100", 8, None, "8 H100s behind NVSwitch")]
 for name, axes, wrap, what in cases:
     chip = hardware.get(name)
-    hops = comms.ring_hops(axes, [comms.wraps(chip, a) for a in np.atleast_1d(axes)]) if chip.kind == "tpu" else 1
+    hops = 1  # a switch: one hop between any two GPUs
+    if chip.kind == "tpu":
+        wraps = [comms.wraps(chip, a) for a in np.atleast_1d(axes)]
+        hops = comms.ring_hops(axes, wraps)
     t = comms.all_gather_time(1e9, axes, chip, wraparound=wrap)
     print(f"{what:<42} latency hops {hops:>3}, time {t * 1e3:6.2f} ms")
 
@@ -614,9 +715,9 @@ for name, axes, wrap, what in cases:
 for name in ("v5e", "v5p", "v6e"):
     chip = hardware.get(name)
     axis, ports, dcn = comms.w_ici(chip), chip.ici_bytes_per_s, chip.dcn_bytes_per_s
-    print(f"{chip.display_name:<20} DCN {dcn / 1e9:5.2f} GB/s per chip; ICI {axis / 1e9:4.0f} "
-          f"GB/s per axis ({axis / dcn:3.0f}x DCN), {ports / 1e9:5,.0f} GB/s all ports "
-          f"({ports / dcn:3.0f}x)")
+    print(f"{chip.display_name:<18} DCN {dcn / 1e9:5.2f} GB/s per chip; "
+          f"ICI {axis / 1e9:4.0f} GB/s per axis ({axis / dcn:3.0f}x DCN),\n{'':18} "
+          f"{ports / 1e9:5,.0f} GB/s all ports ({ports / dcn:3.0f}x)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Which ratio matters depends on the collective. One collective along one mesh axis gets
@@ -638,10 +739,13 @@ for name in ("v5e", "v5p", "v6e"):
 # %% slideshow={"slide_type": "skip"}
 v5p = hardware.get("v5p")
 book_c = comms.BOOK_V5P_FLOPS_PER_S  # the C of the book's v5p example, not the table's
+book_b = comms.dcn_book_min_tokens_per_slice(v5p, flops_per_s=book_c)
 print(f"book:   C / W_dcn = {book_c:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
-      f"{comms.dcn_book_min_tokens_per_slice(v5p, flops_per_s=book_c):,.0f} tokens per slice (the book's C)")
-print(f"course: C / W_dcn = {v5p.peak_bf16_flops_per_s:.3g} / {v5p.dcn_bytes_per_s:.3g} = "
-      f"{comms.dcn_book_min_tokens_per_slice(v5p):,.0f} tokens per slice (the table's C)")
+      f"{book_b:,.0f} tokens per slice (the book's C)")
+print(f"course: C / W_dcn = {v5p.peak_bf16_flops_per_s:.3g} / "
+      f"{v5p.dcn_bytes_per_s:.3g} = "
+      f"{comms.dcn_book_min_tokens_per_slice(v5p):,.0f} tokens per slice "
+      "(the table's C)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # **The course's variant** (`comms.dcn_min_tokens_per_slice`) keeps the book's overlap
@@ -653,11 +757,13 @@ print(f"course: C / W_dcn = {v5p.peak_bf16_flops_per_s:.3g} / {v5p.dcn_bytes_per
 # reading (all 6 FLOPs overlapping) would understate it.
 
 # %% slideshow={"slide_type": "skip"}
-print("slices  bits/param   v5p variant (4 FLOPs overlap)   if all 6 overlapped   book (bf16)")
+print("slices  bits/param  v5p variant (4 FLOPs overlap)  if all 6 overlapped  "
+      "book (bf16)")
 for s in (2, 4, 64):
     four = comms.dcn_min_tokens_per_slice("v5p", s)
-    print(f"{s:>6}  {comms.dcn_bits_per_param(s):10.1f}   {four:>29,.0f}   {four * 4 / 6:>19,.0f}"
-          f"   {comms.dcn_book_min_tokens_per_slice('v5p'):>11,.0f}")
+    book = comms.dcn_book_min_tokens_per_slice("v5p")
+    print(f"{s:>6}  {comms.dcn_bits_per_param(s):10.1f}  {four:>28,.0f}  "
+          f"{four * 4 / 6:>19,.0f}  {book:>11,.0f}")
 print(comms.recommend("v5e", 7e9, 1e6, slices=4))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
@@ -667,6 +773,7 @@ print(comms.recommend("v5e", 7e9, 1e6, slices=4))
 # the chip throughput behind it is not given in any source, so treat it as **unverified**.
 
 # %% slideshow={"slide_type": "slide"}
+# GPipe's idle fraction vs micro-batches for 2, 4, 8 and 16 stages: it falls as m grows
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -691,7 +798,8 @@ plt.show()
 # Same code as tpu_course.parallel.gpipe_forward
 def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax.Array,
                   mesh: Mesh, axis: str = "stage") -> tuple[jax.Array, jax.Array]:
-    """Run a GPipe forward pass: stage ``s`` (device ``s`` on ``axis``) applies its layer.
+    """Run a GPipe forward pass: stage ``s`` (device ``s`` on ``axis``) applies its
+    layer.
 
     ``stage_params`` has a leading axis of size ``p`` (one slice per stage),
     ``microbatches`` is ``[m, ...]``. At tick ``t`` stage ``s`` works on micro-batch
@@ -717,13 +825,16 @@ def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax
             active = (k >= 0) & (k < m)
             inp = jnp.where(s == 0, mbs[jnp.clip(t, 0, m - 1)], carry)
             y = jnp.where(active, stage_fn(w, inp), jnp.zeros_like(inp))
-            outs = jnp.where(active & (s == p - 1), outs.at[jnp.clip(k, 0, m - 1)].set(y), outs)
+            last = active & (s == p - 1)
+            outs = jnp.where(last, outs.at[jnp.clip(k, 0, m - 1)].set(y), outs)
             line.append(jnp.where(active, k, -1))
             carry = jax.lax.ppermute(y, axis, [(i, i + 1) for i in range(p - 1)])
-        outs = jax.lax.psum(outs, axis)  # only the last stage wrote: the sum is its outputs
+        # only the last stage wrote: the sum is its outputs
+        outs = jax.lax.psum(outs, axis)
         return outs, jnp.stack(line)[None]
 
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()), out_specs=(P(), P(axis)))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()),
+                       out_specs=(P(), P(axis)))
     return jax.jit(fn)(stage_params, microbatches)
 
 # %% [markdown] slideshow={"slide_type": "skip"}
@@ -783,13 +894,15 @@ for p_, m_ in ((4, 2), (4, 6), (8, 8)):
 #   every process call `save`, and each writes the shards it holds.
 
 # %% slideshow={"slide_type": "skip"}
-multihost_problem = multihost.multihost_problem  # the small regression every process trains on
+# the small regression every process trains on
+multihost_problem = multihost.multihost_problem
 
 # %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.multihost.train_data_parallel, tpu_course.multihost.worker
 def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
                         process_count: int = 1, lr: float = 0.1) -> dict:
-    """Data-parallel training of the MLP block over every device of ``mesh``, in every process.
+    """Data-parallel training of the MLP block over every device of ``mesh``, in every
+    process.
 
     Every process runs this same function. Each one makes the same global batch here (a
     real job would have each host read only its own files) and hands only its rows to
@@ -819,12 +932,16 @@ def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
         losses.append(float(loss))  # the loss is replicated: every process has it whole
     from jax.experimental import multihost_utils
 
-    trained = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in p.items()}
+    trained = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
+               for k, v in p.items()}
     return {"losses": losses, "params": trained}
 
+
 def worker(coordinator: str | None = None, num_processes: int | None = None,
-           process_id: int | None = None, steps: int = 5, checkpoint_dir: str | None = None) -> dict:
-    """What each process of a multi-process run executes: the same program on every host.
+           process_id: int | None = None, steps: int = 5,
+           checkpoint_dir: str | None = None) -> dict:
+    """What each process of a multi-process run executes: the same program on every
+    host.
 
     ``jax.distributed.initialize`` joins this process to the others (on a TPU pod slice
     it takes no arguments: it reads the slice's metadata). After it, ``jax.devices()``
@@ -840,10 +957,13 @@ def worker(coordinator: str | None = None, num_processes: int | None = None,
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
     out = train_data_parallel(mesh, steps, jax.process_index(), jax.process_count())
     if checkpoint_dir is not None and jax.process_index() == 0:
-        np.savez(os.path.join(checkpoint_dir, f"mlp_block_step{steps}.npz"), **out["params"])
-    return {"losses": out["losses"], "w1_sum": float(np.sum(out["params"]["w1"], dtype=np.float64)),
+        path = os.path.join(checkpoint_dir, f"mlp_block_step{steps}.npz")
+        np.savez(path, **out["params"])
+    return {"losses": out["losses"],
+            "w1_sum": float(np.sum(out["params"]["w1"], dtype=np.float64)),
             "process_index": jax.process_index(), "process_count": jax.process_count(),
-            "local_devices": jax.local_device_count(), "global_devices": jax.device_count()}
+            "local_devices": jax.local_device_count(),
+            "global_devices": jax.device_count()}
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Here: two processes on 127.0.0.1 with 2 CPU devices each, talking through gloo.
@@ -852,7 +972,8 @@ def worker(coordinator: str | None = None, num_processes: int | None = None,
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 t0 = time.perf_counter()
-results = multihost.launch_local(num_processes=2, local_devices=2, steps=4, timeout_s=120)
+results = multihost.launch_local(num_processes=2, local_devices=2, steps=4,
+                                 timeout_s=120)
 print(f"(two processes, {time.perf_counter() - t0:.1f} s including start-up)")
 
 # %% slideshow={"slide_type": "skip"}
@@ -860,12 +981,13 @@ single = train_data_parallel(jax.make_mesh((1,), ("data",), axis_types=(AxisType
                                            devices=jax.devices("cpu")[:1]), steps=4)
 for r in results:
     print(f"[sim, 2 processes] process {r['process_index']} of {r['process_count']}: "
-          f"{r['local_devices']} local / {r['global_devices']} global devices, "
-          f"losses {np.round(r['losses'], 5).tolist()}")
+          f"{r['local_devices']} local / {r['global_devices']} global devices,\n"
+          f"  losses {np.round(r['losses'], 5).tolist()}")
 print(f"[sim, 1 device]   losses {np.round(single['losses'], 5).tolist()}")
-print("equal within 1e-5:", all(np.allclose(r["losses"], single["losses"], rtol=1e-5) for r in results))
-print("gathered w1 equal:", all(abs(r["w1_sum"] - float(np.sum(single["params"]["w1"], dtype=np.float64))) < 1e-3
-                                for r in results))
+print("equal within 1e-5:",
+      all(np.allclose(r["losses"], single["losses"], rtol=1e-5) for r in results))
+w1_sum = float(np.sum(single["params"]["w1"], dtype=np.float64))
+print("gathered w1 equal:", all(abs(r["w1_sum"] - w1_sum) < 1e-3 for r in results))
 
 # %% [markdown] slideshow={"slide_type": "skip"} workshop={"minutes": 5, "agenda": "two-days"}
 # On a TPU pod slice, the same worker started on every host at once (no coordinator
@@ -887,13 +1009,15 @@ print("gathered w1 equal:", all(abs(r["w1_sum"] - float(np.sum(single["params"][
 # and move activations instead (all-to-alls), which is not FSDP.
 
 # %% slideshow={"slide_type": "skip"}
-strategy_placement = parallel.strategy_placement  # every leaf's NamedSharding under a strategy
+# every leaf's NamedSharding under a strategy
+strategy_placement = parallel.strategy_placement
 
 # %% slideshow={"slide_type": "skip"}
 # Same code as tpu_course.parallel.make_sharded_train_step
 def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mesh,
                             axis: str | None = None) -> tuple[Callable, Any, Any]:
-    """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's shardings.
+    """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's
+    shardings.
 
     Returns ``(jitted_step, state_sharding, batch_sharding)``; place the state with
     ``jax.device_put(state, state_sharding)`` and each batch with ``batch_sharding``.
@@ -933,16 +1057,21 @@ fsdp5, state_sharding, batch_sharding = make_sharded_train_step(
     train.make_train_step(graphdef, tx), "fsdp", state5, mesh)
 for path, sh in jax.tree_util.tree_flatten_with_path(state_sharding)[0]:
     print(f"{jax.tree_util.keystr(path).replace('.value', ''):<44} {sh.spec}")
-abstract5 = (jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state5, state_sharding),
-             train.Batch(jax.ShapeDtypeStruct((B, 28, 28), jnp.uint8, sharding=batch_sharding),
-                         jax.ShapeDtypeStruct((B,), jnp.int32, sharding=batch_sharding),
-                         jax.ShapeDtypeStruct((B,), jnp.float32, sharding=batch_sharding)))
+def abstract(shape, dtype, sharding=batch_sharding):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+abstract5 = (jax.tree.map(lambda x, sh: abstract(x.shape, x.dtype, sh),
+                          state5, state_sharding),
+             train.Batch(abstract((B, 28, 28), jnp.uint8), abstract((B,), jnp.int32),
+                         abstract((B,), jnp.float32)))
 rep5 = hlo.inspect(fsdp5, *abstract5)
 whole_bytes = sum(x.nbytes for x in jax.tree.leaves(state5))
 print("[sim] collectives:", rep5.by_kind())
 print("[sim] no all-to-all or collective-permute:",
       not {"all-to-all", "collective-permute"} & set(rep5.by_kind()))
-print(f"[sim] arguments per device {rep5.argument_bytes:,} B; the whole state is {whole_bytes:,} B")
+print(f"[sim] arguments per device {rep5.argument_bytes:,} B; "
+      f"the whole state is {whole_bytes:,} B")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Then training: MNIST, a few SGD steps, the single-device step against the same step
@@ -955,12 +1084,14 @@ from tpu_course import data
 
 ds = data.load_mnist(download=not os.environ.get("TPU_COURSE_DATA"))
 imgs, labels = ds.train_images[:320], ds.train_labels[:320]
-curves = {"single": parallel.train_chapter5(None, mesh, imgs, labels, steps=4, hidden=(128,))}
-for s in ("dp", "fsdp", "tp"):
-    curves[s] = parallel.train_chapter5(s, mesh, imgs, labels, steps=4, hidden=(128,))
+curves = {}
+for s in (None, "dp", "fsdp", "tp"):
+    curves[s or "single"] = parallel.train_chapter5(s, mesh, imgs, labels, steps=4,
+                                                    hidden=(128,))
 for s, losses in curves.items():
     ok = np.allclose(losses, curves["single"], rtol=2e-5)
-    print(f"[sim] {s:<6} losses {np.round(losses, 4).tolist()}  matches single device: {ok}")
+    print(f"[sim] {s:<6} losses {np.round(losses, 4).tolist()}  "
+          f"matches single device: {ok}")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 4, "agenda": "one-day"}
 # ## 8. A cost audit
@@ -983,14 +1114,16 @@ loss.block_until_ready()
 step_s = (time.perf_counter() - t0) / 20
 flops = 6 * B * 2 * D * F  # forward 2BDF per matrix, backward twice that
 where = "TPU" if rt.platform == "tpu" else rt.platform.upper()
-print(f"[{where}] MLP-block step: {step_s * 1e6:.0f} us ({flops / step_s / 1e9:.1f} GFLOP/s measured on {where})")
+print(f"[{where}] MLP-block step: {step_s * 1e6:.0f} us "
+      f"({flops / step_s / 1e9:.1f} GFLOP/s measured on {where})")
 if rt.chip is not None and rt.platform == "tpu":
     print(f"MFU on {rt.chip.display_name}: {costs.mfu(flops, step_s, 1, rt.chip):.1%}")
 else:
     print("MFU: not defined on this runtime (no TPU peak to divide by)")
 
 # %% slideshow={"slide_type": "skip"}
-print("This notebook's runs on a v5e-8 for 2 minutes:", costs.training_cost("v5e", 8, hours=2 / 60))
+print("This notebook's runs on a v5e-8 for 2 minutes:")
+print(" ", costs.training_cost("v5e", 8, hours=2 / 60))
 print("A larger job (1B params, 20B tokens, 40% MFU):")
 for name in ("v5e", "v6e", "v5p"):
     print("   ", costs.training_cost(name, 256, params=1e9, tokens=20e9, mfu=0.4))

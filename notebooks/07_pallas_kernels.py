@@ -36,43 +36,100 @@
 # shipped in jax 0.6.2 (JAX's changelog lists the rename under 0.7.0); 0.6.0 and 0.6.1
 # export `TPUCompilerParams`, and `TPUInterpretParams` was never public in a release.
 
-# %% slideshow={"slide_type": "skip"}
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% slideshow={"slide_type": "skip"} cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %% slideshow={"slide_type": "slide"}
@@ -86,6 +143,7 @@ import dataclasses
 import functools
 import math
 import os
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -95,9 +153,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpu_course import bench, hardware, hlo, pallas_tools, roofline
 
-INTERPRET = pallas_tools.interpret_mode()  # False on a TPU, the TPU interpreter elsewhere
+INTERPRET = pallas_tools.interpret_mode()  # False on a TPU, else the TPU interpreter
 AOT = hlo.compile_only_available()  # can this machine compile for a TPU target?
-print(pallas_tools.where_kernels_run())
+print(textwrap.fill(pallas_tools.where_kernels_run(), 88))
 print("TPU compiler here:", "yes" if AOT else f"no: {hlo.tpu_compiler_problem()}")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 6, "agenda": "two-days"}
@@ -159,8 +217,8 @@ def matmul(x, y, bm=128, bn=128, interpret=False, vmem_limit_bytes=None):
         matmul_kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         grid=(m // bm, n // bn),
-        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),   # rows i of x, all of K
-                  pl.BlockSpec((k, bn), lambda i, j: (0, j))],  # all of K, columns j of y
+        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),   # rows i of x, all K
+                  pl.BlockSpec((k, bn), lambda i, j: (0, j))],  # all K, columns j of y
         out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret,
@@ -177,7 +235,8 @@ x = jnp.asarray(rng.standard_normal((256, 384)), jnp.float32)
 y = jnp.asarray(rng.standard_normal((384, 256)), jnp.float32)
 z = matmul(x, y, bm=128, bn=128, interpret=INTERPRET)
 err = float(jnp.abs(z - jnp.dot(x, y, precision="highest")).max())
-print(f"grid {(256 // 128, 256 // 128)}, result {z.shape}: matches jnp.dot: {err < 1e-2}")
+print(f"grid {(256 // 128, 256 // 128)}, result {z.shape}: "
+      f"matches jnp.dot: {err < 1e-2}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # Now compile it for a TPU v5e and a v6e (compile-only where there is no TPU: the real
@@ -189,9 +248,10 @@ S = jax.ShapeDtypeStruct
 big = (S((1024, 1024), jnp.bfloat16), S((1024, 1024), jnp.bfloat16))
 if AOT:
     for target in ("v5e:1x1", "v6e:1x1"):
-        report = hlo.inspect(functools.partial(matmul, bm=256, bn=256), *big, target=target)
+        report = hlo.inspect(functools.partial(matmul, bm=256, bn=256), *big,
+                             target=target)
         print(f"{target}: top-level ops {report.compute_ops}")
-        print("   ", report.lines("custom-call")[0][:110], "...")
+        print("   ", report.lines("custom-call")[0][:80], "...")
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
@@ -212,10 +272,12 @@ else:
 # %% slideshow={"slide_type": "subslide"}
 if AOT:
     odd = (S((400, 1024), jnp.bfloat16), S((1024, 256), jnp.bfloat16))
-    print("bm=100:", pallas_tools.compile_verdict(functools.partial(matmul, bm=100, bn=128), *odd))
+    narrow = functools.partial(matmul, bm=100, bn=128)
+    print("bm=100:", pallas_tools.compile_verdict(narrow, *odd))
     wide = (S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
     blocks = functools.partial(matmul, bm=1024, bn=1024)
-    print("whole K, 1024 blocks:", pallas_tools.compile_verdict(blocks, *wide, target="v5e:1x1"))
+    print("whole K, 1024 blocks:\n ",
+          pallas_tools.compile_verdict(blocks, *wide, target="v5e:1x1"))
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
 
@@ -232,25 +294,28 @@ else:
 # cell asks the course's guard `hlo.tpu_compiler_problem()` first (None: safe here).
 
 # %% slideshow={"slide_type": "subslide"}
-problem = hlo.tpu_compiler_problem()  # None, or why compiling for a TPU target is unsafe here
+# None, or why compiling for a TPU target is unsafe here
+problem = hlo.tpu_compiler_problem()
 if problem is None:
     from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
 
     if rt.platform != "tpu":
-        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chips to lock here
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no chips to lock
     with runtime.quiet_libtpu():  # drops libtpu's "no TPU metadata" start-up warnings
         v5e_slice = topologies.get_topology_desc("v5e:2x2", "tpu")
     chip0 = SingleDeviceSharding(v5e_slice.devices[0])
     placed = [S(a.shape, a.dtype, sharding=chip0) for a in wide]
-    lowered = jax.jit(functools.partial(matmul, bm=1024, bn=1024)).trace(*placed).lower()
+    big_blocks = jax.jit(functools.partial(matmul, bm=1024, bn=1024))
+    lowered = big_blocks.trace(*placed).lower()
     try:
         lowered.compile()
         print("compiled for", v5e_slice.devices[0].device_kind)
     except Exception as err:  # noqa: BLE001 - JaxRuntimeError: RESOURCE_EXHAUSTED
-        first = str(err).splitlines()[0].split(" = ")[0]  # the compiler's words, not the HLO
-        print(f"compile() for {v5e_slice.devices[0].device_kind} raised {type(err).__name__}:"
-              f"\n    {first[:120]}")
+        # the compiler's words, not the HLO
+        first = str(err).splitlines()[0].split(" = ")[0]
+        print(f"compile() for {v5e_slice.devices[0].device_kind} raised "
+              f"{type(err).__name__}:\n    {first[:84]}")
 else:
     print("skipped:", problem)
 
@@ -316,11 +381,11 @@ else:
 # `dimension_semantics` says which axes carry a dependence: section 5.
 
 # %% slideshow={"slide_type": "subslide"}
-# Same code as tpu_course.pallas_tools.ktiled_kernel, tpu_course.pallas_tools.matmul_ktiled
+# Same code as tpu_course.pallas_tools.ktiled_kernel
 def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
-    """One grid step (i, j, k): add x's block (i, k) times y's block (k, j) into a float32
-    accumulator that stays in VMEM across the K steps; zero it at the first K step, write
-    the output block (i, j) at the last."""
+    """One grid step (i, j, k): add x's block (i, k) times y's block (k, j) into a
+    float32 accumulator that stays in VMEM across the K steps; zero it at the first K
+    step, write the output block (i, j) at the last."""
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
@@ -331,17 +396,19 @@ def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
     # the MXU multiplies bf16 blocks and sums in float32: keep the float32 sums
     acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
 
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)  # all of K is in: write, cast once
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)  # all of K is in: write once
     def _write():
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
-
+# %% slideshow={"slide_type": "-"}
+# Same code as tpu_course.pallas_tools.matmul_ktiled
 def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_bytes=None,
                   dimension_semantics=("parallel", "parallel", "arbitrary")):
     """``x @ y`` on a 3-D grid (M / bm, N / bn, K / bk), K innermost: each step reads a
-    (bm, bk) block of x and a (bk, bn) block of y, whatever K is. ``dimension_semantics``
-    tells the compiler which grid axes are independent ("parallel": M and N blocks) and
-    which carry a dependence from step to step ("arbitrary": K, through the accumulator)."""
+    (bm, bk) block of x and a (bk, bn) block of y, whatever K is.
+    ``dimension_semantics`` tells the compiler which grid axes are independent
+    ("parallel": M and N blocks) and which carry a dependence from step to step
+    ("arbitrary": K, through the accumulator)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -356,12 +423,11 @@ def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_byte
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
                   pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],  # the accumulator: one, float32
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],  # the accumulator, float32
         compiler_params=pltpu.CompilerParams(dimension_semantics=dimension_semantics,
                                              vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret,
     )(x, y)
-
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # One grid step, drawn from the kernel's own `BlockSpec`s: the block of each operand that
@@ -370,10 +436,11 @@ def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_byte
 # the pipeline of section 1), and the accumulator once, for the whole grid.
 
 # %% slideshow={"slide_type": "subslide"}
-# the K-tiled matmul at grid step (1, 2, 1): its blocks in each array, and VMEM's buffers
+# The K-tiled matmul at grid step (1, 2, 1): its block of each array, and VMEM's buffers
 pallas_tools.plot_blocks(functools.partial(matmul_ktiled, bm=256, bk=128, bn=256),
                          jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16),
-                         jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16), step=(1, 2, 1));
+                         jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16),
+                         step=(1, 2, 1));
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The same numbers as `jnp.dot` in the interpreter, over four K steps and four output
@@ -418,9 +485,10 @@ else:
 # %% slideshow={"slide_type": "skip"}
 for name in ("v5e", "v6e", "v5p"):
     chip = hardware.get(name)
-    kind = "megacore" if chip.tensorcores_per_chip > chip.devices_per_chip else "one core each"
-    print(f"{chip.display_name:>18}: {chip.tensorcores_per_chip} TensorCore(s) per chip, "
-          f"{chip.devices_per_chip} JAX device(s) per chip: {kind}")
+    megacore = chip.tensorcores_per_chip > chip.devices_per_chip
+    kind = "megacore" if megacore else "one core each"
+    print(f"{chip.display_name:>18}: {chip.tensorcores_per_chip} TensorCore(s) per "
+          f"chip, {chip.devices_per_chip} JAX device(s) per chip: {kind}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # So what does marking K `"parallel"` do? Measure it in the interpreter, which keeps the
@@ -434,21 +502,24 @@ for name in ("v5e", "v6e", "v5p"):
 def interpreter(cores=1, seed=None):
     """Pallas's TPU interpreter with ``cores`` simulated TensorCores per device."""
     names = {f.name for f in dataclasses.fields(pltpu.InterpretParams)}
-    field = "num_cores_or_threads" if "num_cores_or_threads" in names else "num_cores_per_device"
+    field = ("num_cores_or_threads" if "num_cores_or_threads" in names
+             else "num_cores_per_device")
     return pltpu.InterpretParams(random_seed=seed, **{field: cores})
 
 
 want = np.asarray(xk, np.float64) @ np.asarray(yk, np.float64)
-for semantics in (("parallel", "parallel", "arbitrary"), ("parallel", "parallel", "parallel")):
+for k_axis in ("arbitrary", "parallel"):
+    semantics = ("parallel", "parallel", k_axis)
     for cores, seed in ((1, 0), (1, 1), (2, 0)):
-        got = np.asarray(matmul_ktiled(xk, yk, bm=8, bk=128, bn=128, interpret=interpreter(
-            cores, seed), dimension_semantics=semantics), np.float64)
+        got = np.asarray(matmul_ktiled(xk, yk, bm=8, bk=128, bn=128,
+                                       interpret=interpreter(cores, seed),
+                                       dimension_semantics=semantics), np.float64)
         blocks = [(got[i:i + 8, j:j + 128], want[i:i + 8, j:j + 128])
                   for i in (0, 8) for j in (0, 128)]
         nan = sum(bool(np.isnan(g).any()) for g, _ in blocks)
         wrong = sum(not np.allclose(g, w, atol=1e-3) for g, w in blocks)
-        print(f"K {semantics[2]:>9}, {cores} core(s), seed {seed}: {wrong} of 4 output blocks "
-              f"wrong ({nan} NaN)")
+        print(f"K {semantics[2]:>9}, {cores} core(s), seed {seed}: {wrong} of 4 output "
+              f"blocks wrong ({nan} NaN)")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # With K `"arbitrary"`, every order and core count gives the right product. With K
@@ -496,15 +567,17 @@ def kernel_hbm_bytes(m, k, n, bm, bn, itemsize, k_tiled=False):
 
 
 m = k = n = 4096
+print("FLOP/byte at square tiles of 128, 256, 512 and 1024:")
 for grid, k_tiled in (("2-D", False), ("3-D", True)):
     for name in ("v5e", "v6e"):
         chip = hardware.get(name)
         ridge = roofline.ridge_point(chip)
         line = []
         for b in (128, 256, 512, 1024):
-            ai = roofline.matmul_flops(m, k, n) / kernel_hbm_bytes(m, k, n, b, b, 2, k_tiled)
-            line.append(f"{b}: {ai:5.1f}{'*' if ai >= ridge else ' '}")
-        print(f"{grid} grid, {chip.display_name:>18} (ridge {ridge:5.1f}) FLOP/byte at tiles "
+            nbytes = kernel_hbm_bytes(m, k, n, b, b, 2, k_tiled)
+            ai = roofline.matmul_flops(m, k, n) / nbytes
+            line.append(f"{ai:5.1f}{'*' if ai >= ridge else ' '}")
+        print(f"{grid} grid, {chip.display_name:>18} (ridge {ridge:5.1f}): "
               + ", ".join(line))
 print("(* = compute-bound: at or above the chip's ridge point)")
 
@@ -516,11 +589,14 @@ print("(* = compute-bound: at or above the chip's ridge point)")
 # tiles, against the model:
 
 # %% slideshow={"slide_type": "skip"}
-big_args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
-for grid, fn, k_tiled in (("2-D", functools.partial(matmul, bm=256, bn=256), False),
-                          ("3-D", functools.partial(matmul_ktiled, bm=256, bk=256, bn=256), True)):
+big_args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
+two_d = functools.partial(matmul, bm=256, bn=256)
+three_d = functools.partial(matmul_ktiled, bm=256, bk=256, bn=256)
+for grid, fn, k_tiled in (("2-D", two_d, False), ("3-D", three_d, True)):
     schedule = pallas_tools.block_copies(fn, *big_args)
-    print(f"{grid} grid: " + "; ".join(f"{r.operand} copied {r.copies:,}x" for r in schedule))
+    print(f"{grid} grid: "
+          + "; ".join(f"{r.operand} copied {r.copies:,}x" for r in schedule))
     print(f"   {sum(r.bytes for r in schedule) / 2**20:,.0f} MiB moved; the model says "
           f"{kernel_hbm_bytes(m, k, n, 256, 256, 2, k_tiled) / 2**20:,.0f} MiB")
 
@@ -538,11 +614,15 @@ for grid, fn, k_tiled in (("2-D", functools.partial(matmul, bm=256, bn=256), Fal
 
 # %% slideshow={"slide_type": "skip"}
 if AOT:
-    report = hlo.inspect(functools.partial(matmul, bm=256, bn=256), *big, target="v5e:1x1")
-    per_operand = {k: v for k, v in sorted(report.cost.items()) if k.startswith("bytes accessed")}
-    print("XLA's cost analysis, per operand:",
-          {k: f"{v / 2**20:.0f} MiB" for k, v in per_operand.items()})
-    print(f"total {sum(per_operand.values()) / 2**20:.0f} MiB; FLOPs reported: {report.flops}")
+    report = hlo.inspect(functools.partial(matmul, bm=256, bn=256), *big,
+                         target="v5e:1x1")
+    per_operand = {k: v for k, v in sorted(report.cost.items())
+                   if k.startswith("bytes accessed")}
+    print("XLA's cost analysis, per operand:")
+    for key, v in per_operand.items():
+        print(f"  {key}: {v / 2**20:.0f} MiB")
+    print(f"total {sum(per_operand.values()) / 2**20:.0f} MiB; "
+          f"FLOPs reported: {report.flops}")
     print("the traffic model (2-D grid): "
           f"{kernel_hbm_bytes(1024, 1024, 1024, 256, 256, 2) / 2**20:.0f} MiB")
 else:
@@ -592,10 +672,12 @@ print(f"matches jax.nn.softmax: {err < 1e-5}")
 if AOT:
     arg = S((4096, 1024), jnp.bfloat16)
     xla_r = hlo.inspect(xla_softmax, arg, target="v5e:1x1")
-    ours = hlo.inspect(functools.partial(softmax, block_rows=256), arg, target="v5e:1x1")
-    print(f"XLA's softmax on v5e: {len(xla_r.fusions)} fusions, top-level ops {xla_r.compute_ops}")
+    ours = hlo.inspect(functools.partial(softmax, block_rows=256), arg,
+                       target="v5e:1x1")
+    print(f"XLA's softmax on v5e: {len(xla_r.fusions)} fusions, "
+          f"top-level ops {xla_r.compute_ops}")
     for f in xla_r.fusions:
-        print("   ", f)
+        print(" ", f)
     print(f"the Pallas softmax: top-level ops {ours.compute_ops}")
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
@@ -671,7 +753,8 @@ def flash_attention(q, k, v, bq=128, bk=128, interpret=False):
         scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32),   # m: running max per row
                         pltpu.VMEM((bq, 1), jnp.float32),   # l: running sum per row
                         pltpu.VMEM((bq, d), jnp.float32)],  # a: running output
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
     )(q, k, v)
 
@@ -685,7 +768,8 @@ qa, ka, va = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
               for shape in ((64, 128), (512, 128), (512, 128)))
 out = flash_attention(qa, ka, va, bq=32, bk=128, interpret=INTERPRET)
 err = float(jnp.abs(out - naive_attention(qa, ka, va)).max())
-print(f"grid {(64 // 32, 512 // 128)}: matches the naive softmax(q k^T / sqrt(d)) v: {err < 1e-4}")
+print(f"grid {(64 // 32, 512 // 128)}: matches the naive softmax(q k^T / sqrt(d)) v: "
+      f"{err < 1e-4}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # What each version keeps in VMEM, from its block shapes ($s$ bytes per element, bf16
@@ -708,7 +792,8 @@ def online_vmem(bq, bk, d, itemsize):
 v5e = hardware.get("v5e")
 limit = pallas_tools.scoped_vmem_limit("v5e:1x1") if AOT else None
 print(f"against a v5e core's {v5e.vmem_bytes / 2**20:.0f} MiB of VMEM"
-      + (f" and the compiler's default {limit / 2**20:.0f} MiB scoped limit" if limit else ""))
+      + (f" and the compiler's default {limit / 2**20:.0f} MiB scoped limit"
+         if limit else ""))
 for lk in (1024, 4096, 16384, 65536, 262144):
     whole, online = whole_row_vmem(256, lk, 128, 2), online_vmem(256, 512, 128, 2)
     over = ("over all of VMEM" if whole > v5e.vmem_bytes else
@@ -732,7 +817,8 @@ def whole_row_attention(q, k, v, bq=256):
                                 preferred_element_type=jnp.float32) / math.sqrt(d)
         e = jnp.exp(s - s.max(axis=-1, keepdims=True))
         p = (e / e.sum(axis=-1, keepdims=True)).astype(v_ref.dtype)
-        o_ref[...] = jnp.dot(p, v_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+        out = jnp.dot(p, v_ref[...], preferred_element_type=jnp.float32)
+        o_ref[...] = out.astype(o_ref.dtype)
 
     whole = pl.BlockSpec((lk, d), lambda i: (0, 0))  # all keys, at every step
     return pl.pallas_call(
@@ -743,11 +829,13 @@ def whole_row_attention(q, k, v, bq=256):
 
 if AOT:
     def qkv(lk):
-        return S((1024, 128), jnp.bfloat16), S((lk, 128), jnp.bfloat16), S((lk, 128), jnp.bfloat16)
+        kv = S((lk, 128), jnp.bfloat16)
+        return S((1024, 128), jnp.bfloat16), kv, kv
 
-    print(f"whole row, Lk 16384 (model {whole_row_vmem(256, 16384, 128, 2) / 2**20:.2f} MiB):",
+    model_mib = whole_row_vmem(256, 16384, 128, 2) / 2**20
+    print(f"whole row, Lk 16384 (model {model_mib:.2f} MiB):\n ",
           pallas_tools.compile_verdict(whole_row_attention, *qkv(16384)))
-    print("online, Lk 262144:", pallas_tools.compile_verdict(
+    print("online, Lk 262144:\n ", pallas_tools.compile_verdict(
         functools.partial(flash_attention, bq=256, bk=512), *qkv(262144)))
 else:
     print("skipped (no TPU compiler here):", hlo.tpu_compiler_problem())
@@ -771,8 +859,8 @@ try:
     jax.grad(lambda a: (softmax(a, interpret=INTERPRET) * ts).sum())(xs)
     print("jax.grad went through the kernel")
 except Exception as err:  # noqa: BLE001 - whatever jax says, show it
-    print(f"jax.grad through the kernel raised {type(err).__name__}: "
-          f"{str(err).splitlines()[0][:110]}")
+    print(f"jax.grad through the kernel raised {type(err).__name__}:\n "
+          f"{str(err).splitlines()[0][:86]}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # So give it the derivative yourself. `jax.custom_vjp` pairs a forward function (here the
@@ -800,7 +888,8 @@ softmax_trainable.defvjp(softmax_fwd, softmax_bwd)
 
 mine = jax.grad(lambda a: (softmax_trainable(a) * ts).sum())(xs)
 xla = jax.grad(lambda a: (xla_softmax(a) * ts).sum())(xs)
-print(f"gradient matches jax.grad of jax.nn.softmax: {float(jnp.abs(mine - xla).max()) < 1e-5}")
+print("gradient matches jax.grad of jax.nn.softmax:",
+      float(jnp.abs(mine - xla).max()) < 1e-5)
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # `softmax_trainable` now goes anywhere a JAX function goes in a train step: under `jit`,
@@ -838,11 +927,11 @@ if rt.platform == "tpu":
                       ("Pallas 512 tiles", jax.jit(functools.partial(
                           matmul, bm=512, bn=512, vmem_limit_bytes=64 * 2**20)))):
         r = bench.benchmark(fn, xb, xb, flops=flops, warn=False)
-        print(f"{label:>17}: {r.median_s * 1e3:.3f} ms, {r.fraction_of_peak:.0%} of peak "
-              f"({r.peak_name}, {rt.device_kind})")
+        print(f"{label:>17}: {r.median_s * 1e3:.3f} ms, {r.fraction_of_peak:.0%} of "
+              f"peak ({r.peak_name}, {rt.device_kind})")
 else:
-    print(f"Not timed: this is a {rt.platform.upper()} runtime, where the kernels run in the "
-          "TPU interpreter; its time says nothing about a TPU.")
+    print(f"Not timed: this is a {rt.platform.upper()} runtime, where the kernels run "
+          "in the TPU interpreter;\nits time says nothing about a TPU.")
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "two-days"}
 # ## Summary

@@ -37,43 +37,100 @@
 # notebook from the top, so it grades the value in the cell; it also checks your
 # functions on inputs the notebook does not show (other shapes, sizes, learning rates).
 
-# %%
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %%
@@ -220,8 +277,9 @@ checks.ch03.check_recompile_fix(update_fixed)
 def per_example_grad_norms(params, X, Y):
     ### BEGIN SOLUTION Exercise 4 (per-example gradient norms)
     grads = jax.vmap(jax.grad(checks.ch03.mlp_loss), in_axes=(None, 0, 0))(params, X, Y)
+    # each leaf has a leading example axis
     squares = [jnp.sum(leaf.reshape(leaf.shape[0], -1) ** 2, axis=1)
-               for leaf in jax.tree.leaves(grads)]  # each leaf has a leading example axis
+               for leaf in jax.tree.leaves(grads)]
     return jnp.sqrt(sum(squares))
     ### END SOLUTION
 
@@ -274,7 +332,8 @@ checks.ch03.check_per_example_norms(per_example_grad_norms)
 # %% tags=["nbval-ignore-output"]
 ref = checks.ch03.reference()  # live PyTorch when installed, else the stored arrays
 print(ref)
-print({k: v.shape for k, v in ref.torch_state_dict.items()})
+for k, v in ref.torch_state_dict.items():
+    print(f"{k}: {v.shape}")
 
 # %%
 optimizer = optax.sgd(0.1)
@@ -284,10 +343,12 @@ def convert_params(state_dict):
     ### BEGIN SOLUTION Exercise 5a (convert the weights)
     sd = state_dict
     return {
-        "conv": {"kernel": jnp.asarray(sd["conv.weight"].transpose(2, 3, 1, 0)),  # OIHW->HWIO
+        "conv": {"kernel": jnp.asarray(sd["conv.weight"].transpose(2, 3, 1, 0)),  # HWIO
                  "bias": jnp.asarray(sd["conv.bias"])},
-        "fc1": {"kernel": jnp.asarray(sd["fc1.weight"].T), "bias": jnp.asarray(sd["fc1.bias"])},
-        "fc2": {"kernel": jnp.asarray(sd["fc2.weight"].T), "bias": jnp.asarray(sd["fc2.bias"])},
+        "fc1": {"kernel": jnp.asarray(sd["fc1.weight"].T),
+                "bias": jnp.asarray(sd["fc1.bias"])},
+        "fc2": {"kernel": jnp.asarray(sd["fc2.weight"].T),
+                "bias": jnp.asarray(sd["fc2.bias"])},
     }
     ### END SOLUTION
 
@@ -298,7 +359,7 @@ def forward(params, x):
                                      padding="SAME",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
     c = c + params["conv"]["bias"]
-    h = jax.nn.relu(c).transpose(0, 3, 1, 2)          # flatten in PyTorch's (C, H, W) order
+    h = jax.nn.relu(c).transpose(0, 3, 1, 2)  # flatten in PyTorch's (C, H, W) order
     h = h.reshape(h.shape[0], -1)
     f1 = h @ params["fc1"]["kernel"] + params["fc1"]["bias"]
     f2 = jax.nn.relu(f1) @ params["fc2"]["kernel"] + params["fc2"]["bias"]

@@ -36,43 +36,100 @@
 # HBM, $I = F/B$ arithmetic intensity, $P$ peak FLOP/s, $W$ HBM bytes/s, ridge $P/W$.
 # The chip numbers come from `tpu_course.hardware`; never type them in.
 
-# %%
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %%
@@ -120,9 +177,12 @@ ch04.check_xla_cost(xla_cost)
 # %% tags=["nbval-ignore-output"]
 # Your function on your own code: the chapter's GELU, fused by XLA (counts per backend)
 with checks.skip_if_not_written():
-    gelu = lambda x: 0.5 * x * (1 + jnp.tanh(0.7978845608 * (x + 0.044715 * x**3)))  # noqa: E731
+    def gelu(x):
+        return 0.5 * x * (1 + jnp.tanh(0.7978845608 * (x + 0.044715 * x**3)))
+
     f, b = xla_cost(gelu, jax.ShapeDtypeStruct((1024, 1024), jnp.float32))
-    print(f"GELU on f32[1024, 1024]: {f:,.0f} FLOPs, {b:,.0f} bytes, {f / b:.2f} FLOP/byte")
+    print(f"GELU on f32[1024, 1024]: {f:,.0f} FLOPs, {b:,.0f} bytes, "
+          f"{f / b:.2f} FLOP/byte")
 
 # %% [markdown] workshop={"agenda": "half-day"}
 # ## Exercise 2: the batch where a layer turns compute-bound (10 min)
@@ -195,8 +255,8 @@ with checks.skip_if_not_written():
 if ch04.LAB.predicted("Exercise 4"):
     with checks.skip_if_not_written():
         M, D, H = ch04.LAYER_4
-        print(f"M, D, H = {M}, {D}, {H}: you predict {layer_flops(M, D, H):,} FLOPs; XLA "
-              f"counts {ch04.xla_layer_flops(ch04.LAYER_4):,.0f} on this runtime")
+        print(f"M, D, H = {M}, {D}, {H}: you predict {layer_flops(M, D, H):,} FLOPs; "
+              f"XLA counts {ch04.xla_layer_flops(ch04.LAYER_4):,.0f} on this runtime")
 
 # %%
 ch04.check_xla_flops(layer_flops)
@@ -222,14 +282,18 @@ else:
     from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
 
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # no TPU here: skip libtpu's lock
+    # no TPU here: skip libtpu's lock
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     with runtime.quiet_libtpu():  # drops libtpu's "no TPU metadata" start-up warnings
         v5e_chip = topologies.get_topology_desc("v5e:2x2", "tpu").devices[0]
     for shape, dtype in (((100, 100), jnp.float32), ((24, 300), jnp.bfloat16)):
-        arg = jax.ShapeDtypeStruct(shape, dtype, sharding=SingleDeviceSharding(v5e_chip))
+        on_chip = SingleDeviceSharding(v5e_chip)
+        arg = jax.ShapeDtypeStruct(shape, dtype, sharding=on_chip)
         compiled = jax.jit(lambda x: x + 1).lower(arg).compile()
-        layout = compiled.as_text().split("entry_computation_layout={(")[1].split(")->")[0]
-        print(f"{layout:<34} {compiled.memory_analysis().argument_size_in_bytes:>8,} bytes")
+        text = compiled.as_text()
+        layout = text.split("entry_computation_layout={(")[1].split(")->")[0]
+        nbytes = compiled.memory_analysis().argument_size_in_bytes
+        print(f"{layout:<34} {nbytes:>8,} bytes")
 
 # %%
 def tpu_bytes(shape, itemsize):
@@ -278,7 +342,8 @@ predicted_ln_roof = "memory"  # about 1.75 FLOP/byte, far below the v5e's ridge
 ### END SOLUTION
 
 # %%
-ch04.LAB.predict("Exercise 6", predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
+ch04.LAB.predict("Exercise 6", predicted_ln_flops, predicted_ln_bytes,
+                 predicted_ln_roof)
 
 # %% tags=["nbval-ignore-output"]
 if ch04.LAB.predicted("Exercise 6"):
@@ -286,8 +351,8 @@ if ch04.LAB.predicted("Exercise 6"):
           f"{predicted_ln_roof}-bound")
     if hlo.tpu_compiler_problem() is None:
         ln = ch04.compile_layer_norm()
-        print(f"XLA for {ln.target}: {ln.flops:,.0f} FLOPs, {ln.bytes_accessed:,.0f} bytes "
-              "accessed")
+        print(f"XLA for {ln.target}: {ln.flops:,.0f} FLOPs, "
+              f"{ln.bytes_accessed:,.0f} bytes accessed")
         for fusion in ln.fusions:
             print(" ", fusion.name, fusion.kind)
     else:
@@ -306,18 +371,21 @@ ch04.check_layer_norm(predicted_ln_flops, predicted_ln_bytes, predicted_ln_roof)
 
 # %% tags=["nbval-ignore-output"]
 with checks.skip_if_not_written():
-    peak = getattr(rt.chip, "peak_bf16_flops_per_s", None)  # None: no chip, or no bf16 peak (T4)
+    # None: no chip, or no bf16 peak (T4)
+    peak = getattr(rt.chip, "peak_bf16_flops_per_s", None)
     if rt.chip is None or peak is None:
-        print("No accelerator with a bf16 peak in tpu_course.hardware on this runtime: nothing "
-              "to compare. Run this lab on a TPU or GPU runtime to close the loop.")
+        print("No accelerator with a bf16 peak in tpu_course.hardware on this "
+              "runtime:\nnothing to compare. Run this lab on a TPU or GPU runtime to "
+              "close the loop.")
     else:
         n = 8192
         a = jnp.ones((n, n), jnp.bfloat16)
         r = bench.benchmark(jax.jit(jnp.matmul), a, a, repeats=10, warn=False,
                             flops=2 * n**3)
         predicted = chain_time_s([xla_cost(jnp.matmul, a, a)], rt.chip)
-        print(f"predicted at best {predicted * 1e3:.3f} ms, measured {r.median_s * 1e3:.3f} ms "
-              f"on {rt.device_kind}: {predicted / r.median_s:.0%} of the roofline")
+        print(f"predicted at best {predicted * 1e3:.3f} ms, measured "
+              f"{r.median_s * 1e3:.3f} ms on {rt.device_kind}: "
+              f"{predicted / r.median_s:.0%} of the roofline")
 
 # %% [markdown]
 # ## Scorecard

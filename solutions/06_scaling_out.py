@@ -41,43 +41,100 @@
 # you recorded, not a value edited afterwards. (`tpu-course grade` re-runs the notebook
 # and grades the value in the cell.)
 
-# %%
-# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# %% cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="0.7.2"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/tpu-course/tpu-course")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
+    before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so jax, jaxlib and the course were"
-                        " installed together. Restart the runtime once (Colab: Runtime > "
-                        "Restart session) and run all again: the new jax loads only in a "
-                        "fresh process, and this cell will then install nothing.")
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()
 
 # %%
@@ -98,7 +155,8 @@ from tpu_course import checks, comms, hardware, hlo, models, parallel, train
 from tpu_course.checks import NotWritten, ch06
 
 # the simulated tier: 8 CPU devices on one axis, Auto axes (XLA chooses the collectives)
-mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices("cpu")[:8])
+mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,),
+                     devices=jax.devices("cpu")[:8])
 print("mesh:", dict(mesh.shape))
 ch06.LAB
 
@@ -135,8 +193,10 @@ for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]:
 ### BEGIN SOLUTION Exercise 1 (predict FSDP's collectives)
 leaves = jax.tree.leaves(state.params)
 predicted_fsdp = {  # fp32: 4 bytes per element
-    "all-gather": sum(x.size * 4 // 8 for x in leaves if any(d % 8 == 0 for d in x.shape)),
-    "all-reduce": sum(x.size * 4 for x in leaves),  # whole gradients: CPU has no reduce-scatter
+    "all-gather": sum(x.size * 4 // 8 for x in leaves
+                      if any(d % 8 == 0 for d in x.shape)),
+    # whole gradients: the CPU has no reduce-scatter
+    "all-reduce": sum(x.size * 4 for x in leaves),
 }
 ### END SOLUTION
 
@@ -178,7 +238,8 @@ def shard_fsdp(step, state, mesh):
     replicated = NamedSharding(mesh, P())
 
     def fsdp_step(state, batch):
-        params = jax.lax.with_sharding_constraint(state.params, replicated)  # gather to use
+        # gather to use
+        params = jax.lax.with_sharding_constraint(state.params, replicated)
         return step(state._replace(params=params), batch)
 
     jitted = jax.jit(fsdp_step, in_shardings=(state_sharding, batch_sharding),
@@ -199,8 +260,9 @@ ch06.check_shard_fsdp(shard_fsdp)
 if ch06.LAB.predicted("Exercise 1"):
     with checks.skip_if_not_written():
         jitted, s_state, s_batch = shard_fsdp(step, state, mesh)
-        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                state, s_state)
+        abstract = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            state, s_state)
         batch = train.Batch(*(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s_batch)
                               for a in ch06.chapter5_problem()[2][0]))
         fsdp_report = hlo.inspect(jitted, abstract, batch)
@@ -342,7 +404,7 @@ def choose(chip: str, params: float, tokens_per_slice: float, slices: int):
     within = "fsdp" if 10 * params > c.hbm_bytes else "dp"
     if slices == 1:
         return within, "none"
-    ring_bytes = 2 * (slices - 1) / slices * 4  # fp32 gradients, per parameter per slice
+    ring_bytes = 2 * (slices - 1) / slices * 4  # fp32 gradients, per parameter, slice
     threshold = ring_bytes / 4 * c.peak_bf16_flops_per_s / c.dcn_bytes_per_s
     return within, ("dp" if tokens_per_slice >= threshold else "pipeline")
     ### END SOLUTION
@@ -387,7 +449,8 @@ for case in [("v5p", 8e10, 3e4, 2), ("v5p", 4e9, 1e5, 8)]:
 def process_rows(global_batch, sharding):
     ### BEGIN SOLUTION Exercise 7 (each process's rows of the global batch)
     index = sharding.addressable_devices_indices_map(global_batch.shape)
-    blocks = {idx[0].indices(len(global_batch))[:2] for idx in index.values()}  # each once
+    # each block once
+    blocks = {idx[0].indices(len(global_batch))[:2] for idx in index.values()}
     return np.concatenate([global_batch[a:b] for a, b in sorted(blocks)])
     ### END SOLUTION
 

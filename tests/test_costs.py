@@ -33,7 +33,7 @@ def test_a_cost_is_a_formula_filled_with_the_learners_price():
     assert mine.usd == pytest.approx(20 * 3 * 0.55) and not mine.example
     assert "your spot price" in str(mine) and "example" not in str(mine)
     example = costs.training_cost("v5e", 20, hours=3, pricing="spot")
-    assert example.example and "example" in str(example) and costs.PRICES_AS_OF in str(example)
+    assert example.example and "example" in str(example) and "unverified" in str(example)
     fitted = costs.training_cost("v6e", 256, params=1e9, tokens=20e9, mfu=0.4, usd_per_chip_hour=2.0)
     assert fitted.usd == pytest.approx(fitted.hours * 256 * 2.0)
     for bad in (0, -1.0, "1.20", float("nan")):

@@ -167,3 +167,57 @@ def test_no_cell_source_holds_a_control_character():
             found += [f"{path.name}: {m.group()!r}" for s in sources
                       for m in control.finditer(s)]
     assert not found, found
+
+
+#: The widest notebook line (CONTRIBUTING: the website's code column and Colab's default
+#: width show about 88 characters; wider lines scroll sideways and shrink a slide).
+LINE_WIDTH = 88
+
+
+def _wide_lines(path: pathlib.Path) -> list[str]:
+    """``file cell N line M (L ch, where)`` for each code line and each plain-text output
+    line (a stream or a text/plain result shown as text; not an image, not the text/plain
+    stand-in of a result that has HTML) wider than LINE_WIDTH. The setup cell too: it is
+    folded on Colab and hidden on the site, but opened it must read well."""
+    import re
+
+    ansi = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+    found = []
+    for i, cell in code:
+        texts = [("code", "".join(cell["source"]))]
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if out["output_type"] == "stream":
+                texts.append(("output", "".join(out["text"])))
+            elif "text/plain" in data and not {"text/html", "image/png"} & set(data):
+                texts.append(("output", "".join(data["text/plain"])))
+        for where, text in texts:
+            for n, line in enumerate(ansi.sub("", text).splitlines(), 1):
+                if len(line) > LINE_WIDTH:
+                    found.append(f"{path.parent.name}/{path.name} cell {i} line {n} "
+                                 f"({len(line)} ch, {where}): {line[:60]}")
+    return found
+
+
+def test_notebook_lines_fit_the_page(tmp_path):
+    """Every code line and printed text line of every committed notebook, lab and
+    solution is at most 88 characters."""
+    nb = _nb(nbformat.v4.new_markdown_cell("m" * 100),  # markdown wraps: not checked
+             nbformat.v4.new_code_cell("y = 1\n" + "z" * 89))
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="ok\n" + "o" * 89),
+                           nbformat.v4.new_output("display_data", data={
+                               "text/plain": "p" * 99, "text/html": "<b>wraps</b>"})]
+    planted = tmp_path / "notebooks" / "99_x.ipynb"
+    planted.parent.mkdir()
+    nbformat.write(nb, planted)
+    assert _wide_lines(planted) == [  # the check itself finds what it should, and only that
+        f"notebooks/99_x.ipynb cell 1 line 2 (89 ch, code): {'z' * 60}",
+        f"notebooks/99_x.ipynb cell 1 line 2 (89 ch, output): {'o' * 60}"]
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    wide = [w for folder in ("notebooks", "labs", "solutions")
+            for path in sorted((root / folder).glob("[0-9][0-9]_*.ipynb"))
+            for w in _wide_lines(path)]
+    assert not wide, f"{len(wide)} lines over {LINE_WIDTH} characters:\n" + "\n".join(wide)

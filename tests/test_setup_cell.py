@@ -112,12 +112,13 @@ print(json.dumps(outcome))
 """
 
 
-def _run_cell(python: pathlib.Path, wheels: pathlib.Path, tmp_path: pathlib.Path) -> dict:
+def _run_cell(python: pathlib.Path, wheels: pathlib.Path, tmp_path: pathlib.Path,
+              env: dict | None = None) -> dict:
     (tmp_path / "cell.py").write_text(notebooks.SETUP_CELL)
     (tmp_path / "run.py").write_text(RUN_CELL)
     out = subprocess.run([str(python), str(tmp_path / "run.py"), str(tmp_path / "cell.py")],
-                         capture_output=True, text=True, env=_pip_env(wheels), timeout=300,
-                         cwd=tmp_path)
+                         capture_output=True, text=True, env=env or _pip_env(wheels),
+                         timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -175,6 +176,39 @@ def test_a_pip_failure_is_a_message_with_the_cause_and_the_fix(tmp_path, wheels)
     assert "tpu-course" in shown and "No matching distribution" in shown  # pip's own cause
     assert "Fix:" in shown and "Internet" in shown
     assert out["versions"]["tpu-course"] is None and out["versions"]["jax"] == FLOOR
+
+
+def test_a_repository_that_cannot_be_read_is_not_blamed_on_the_network(tmp_path, wheels):
+    """A private, moved or misspelt repository: git's own line is shown (pip's last lines
+    end in "See above for output", with the cause cut off) and the fix names the
+    repository, not the internet."""
+    import shutil
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    python = _runtime(tmp_path, wheels, f"jax=={FLOOR}", f"jaxlib=={FLOOR}")
+    env = {**_pip_env(wheels),
+           "TPU_COURSE_SPEC": f"tpu-course @ git+file://localhost{tmp_path}/no-such-repository"}
+    out = _run_cell(python, wheels, tmp_path, env=env)
+    shown = "\n".join(out["shown"])
+    assert out["stopped"] == "SetupStop" and "could not install" in shown
+    assert "not appear to be a git repository" in shown or "fatal:" in shown, shown
+    assert "repository could not be read" in shown and "TPU_COURSE_SPEC" in shown
+    assert "Internet on" not in shown
+
+
+def test_the_cell_is_folded_collapsed_and_tagged_in_every_notebook():
+    """Colab shows a form (the code folded), JupyterLab a collapsed cell, the site and the
+    decks nothing (issue 27): the metadata ``make sync`` writes, in every notebook."""
+    import nbformat
+
+    assert notebooks.SETUP_CELL.startswith("# @title Install the course")
+    assert max(len(line) for line in notebooks.SETUP_CELL.splitlines()) <= 88
+    for folder in ("notebooks", "solutions", "labs"):
+        for path in sorted((notebooks.ROOT / folder).glob("*.ipynb")):
+            first = next(c for c in nbformat.read(path, as_version=4).cells
+                         if c.cell_type == "code")
+            assert notebooks.has_setup_metadata(first.metadata), path
 
 
 def test_the_stop_shows_as_a_message_in_ipython_not_a_traceback(capsys):

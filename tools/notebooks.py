@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
+import json
 import pathlib
 import re
 import sys
@@ -47,61 +48,127 @@ JAX_FLOOR = tpu_course.jax_floor()
 # cases, each tested in throw-away virtual environments (tests/test_setup_cell.py): the
 # course and a recent enough jax are there -> nothing happens; the course is missing ->
 # pip installs it alone, the runtime's jax, jaxlib and libtpu pinned as they are (no jax
-# at all: pip brings the newest); jax is
-# below the floor -> jax, jaxlib (with libtpu or the CUDA plugin) and the course installed
-# together at the floor's tested versions, then "Run all" stops asking for one restart
-# and naming every package that pip moved (flax and libtpu move too, not only jax);
-# pip fails -> its last lines and the fix, no traceback. ``TPU_COURSE_SPEC`` replaces the
-# pip requirement for the course (a fork, a tag, a wheel).
-SETUP_CELL = (r'''# Setup: installs the course package where it is missing (Colab, Kaggle) and nothing
-# else: the runtime's own jax, jaxlib and libtpu stay. Where jax is older than the
-# course's floor, it upgrades them together to a tested set and asks for one restart.
-import importlib.metadata as md, importlib.util, os, re, shutil, subprocess, sys
-class SetupStop(Exception):  # ends "Run all" with this message instead of a traceback
-    def _render_traceback_(self): return [str(self)]
+# at all: pip brings the newest); jax is below the floor -> jax, jaxlib (with libtpu or
+# the CUDA plugin) and the course installed together at the floor's tested versions, then
+# "Run all" stops asking for one restart and naming every package that pip moved (flax
+# and libtpu move too, not only jax); pip fails -> pip's own error lines (not only its
+# last lines, which end in "See above") and the fix for that cause: a repository that
+# cannot be read, no network, or anything else; no traceback. ``TPU_COURSE_SPEC``
+# replaces the pip requirement for the course (a fork, a tag, a wheel).
+#
+# How it shows: on Colab a folded form (``# @title``, ``cellView: form``), in JupyterLab
+# collapsed (``jupyter.source_hidden``), on the website and the decks not at all (the
+# ``course-setup`` tag, which both builds honour). ``SETUP_METADATA`` is that metadata.
+SETUP_CELL = (r'''# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
 def setup_course(floor="@FLOOR@"):
-    def version(p):
-        try: return tuple(int(x) for x in re.findall(r"\d+", md.version(p))[:3])
-        except md.PackageNotFoundError: return None
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/@REPO@")
     jax_now = version("jax")
     upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one consistent set: jax, jaxlib and the runtime's plugin together
-        kind = ("[tpu]" if importlib.util.find_spec("libtpu") else "[cuda12]"
-                if version("jax-cuda12-plugin") or shutil.which("nvidia-smi") else "")
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
         wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # pin the runtime's own jax
-        wanted = [f"{p}=={md.version(p)}" for p in ("jax", "jaxlib", "libtpu") if version(p)]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
         wanted.append(course)
     else:
         return
-    def installed():
-        out = {}
-        for d in md.distributions():
-            out.setdefault(re.sub(r"[-_.]+", "-", d.metadata["Name"] or "?").lower(), d.version)
-        return out
     before = installed() if upgrade else {}
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
                          capture_output=True, text=True)
     if pip.returncode != 0:
-        cause = (pip.stderr or pip.stdout).strip().splitlines()[-6:]
-        raise SetupStop("Setup failed: pip could not install " + " ".join(wanted) + ":\n  "
-                        + "\n  ".join(cause) + "\nFix: make sure the runtime reaches the "
-                        "internet (Kaggle: Settings > Internet on), then run this cell again.")
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
     if upgrade:
         importlib.invalidate_caches()
         after = installed()
         moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
                  for p, v in sorted(after.items()) if before.get(p) != v]
-        raise SetupStop(f"Setup: this runtime's jax {'.'.join(map(str, jax_now))} is older "
-                        f"than the course's floor {floor}, so pip installed a tested set "
-                        "together:\n  " + "\n  ".join(moved) + "\nRestart the runtime once "
-                        "(Colab: Runtime > Restart session) and run all again: the new "
-                        "versions load only in a fresh process, and this cell will then "
-                        "install nothing.")
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
 setup_course()'''
               .replace("@FLOOR@", JAX_FLOOR).replace("@REPO@", REPOSITORY))
+
+
+#: The setup cell's metadata: a folded form on Colab, collapsed input in JupyterLab, and
+#: the tag the website and the decks leave out (``tools.slides.SETUP_TAG``, docs/conf.py).
+SETUP_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True},
+                  "tags": ["course-setup"]}
+#: The same, as jupytext writes it on the twin's ``# %%`` line.
+SETUP_HEADER_ATTRIBUTES = 'cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]'
+
+
+def has_setup_metadata(metadata: Any) -> bool:
+    """Whether a cell's metadata folds, collapses and tags it as the setup cell."""
+    return (metadata.get("cellView") == "form"
+            and metadata.get("jupyter", {}).get("source_hidden") is True
+            and "course-setup" in metadata.get("tags", []))
 
 
 def colab_url(path: str) -> str:
@@ -199,6 +266,15 @@ def sync_cell_metadata() -> list[str]:
     return skipped
 
 
+def _raise_not_written(indent: str, label: str) -> str:
+    """The stub's ``raise`` line, split in two string pieces when wider than 88."""
+    line = f'{indent}raise NotImplementedError("{label}: write your code here")'
+    if len(line) <= 88:  # CONTRIBUTING: notebook lines fit the site's code column
+        return line
+    return (f'{indent}raise NotImplementedError(\n{indent}    "{label}: "\n'
+            f'{indent}    "write your code here")')
+
+
 def _stub(name: str, indent: str, block: list[str]) -> str:
     """What a lab shows in place of a solution block.
 
@@ -211,7 +287,7 @@ def _stub(name: str, indent: str, block: list[str]) -> str:
     """
     label = name or "this exercise"
     if indent:
-        return f'{indent}raise NotImplementedError("{label}: write your code here")'
+        return _raise_not_written(indent, label)
     import ast
 
     lines = [f"# {label}: write your code here"]
@@ -219,14 +295,17 @@ def _stub(name: str, indent: str, block: list[str]) -> str:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
             lines += [f"def {node.name}({ast.unparse(node.args)}){returns}:",
-                      f'    raise NotImplementedError("{label}: write your code here")']
+                      _raise_not_written("    ", label)]
         else:
             targets = (node.targets if isinstance(node, ast.Assign) else
                        [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
             for target in targets:
                 for leaf in ast.walk(target):
                     if isinstance(leaf, ast.Name) and isinstance(leaf.ctx, ast.Store):
-                        lines.append(f'{leaf.id} = NotWritten("{label}")')
+                        stub = f'{leaf.id} = NotWritten("{label}")'
+                        if len(stub) > 88:  # CONTRIBUTING: lines fit the code column
+                            stub = f'{leaf.id} = NotWritten(\n    "{label}")'
+                        lines.append(stub)
     return "\n".join(dict.fromkeys(lines))  # a name assigned twice gets one stub
 
 
@@ -468,6 +547,10 @@ def check() -> list[str]:
                     f"{folder}/{ipynb.name}: the first code cell is not the canonical setup "
                     "cell (tools.notebooks.SETUP_CELL); run `make sync`"
                 )
+            elif not has_setup_metadata(code[0].metadata):
+                problems.append(
+                    f"{folder}/{ipynb.name}: the setup cell lacks its metadata (folded on "
+                    "Colab, collapsed in JupyterLab, hidden on the site); run `make sync`")
     for folder in ("notebooks", "solutions"):
         for ipynb in sorted((ROOT / folder).glob("*.ipynb")):
             problems += same_code_problems(ipynb)
@@ -500,8 +583,10 @@ def sync_setup_cells() -> None:
         if ipynb.exists():
             nb = nbformat.read(ipynb, as_version=4)
             first = next((c for c in nb.cells if c.cell_type == "code"), None)
-            if first is not None and first.source.strip() != SETUP_CELL.strip():
+            if first is not None and (first.source.strip() != SETUP_CELL.strip()
+                                      or not has_setup_metadata(first.metadata)):
                 first.source = SETUP_CELL
+                first.metadata.update(json.loads(json.dumps(SETUP_METADATA)))
                 nbformat.write(nb, ipynb)
     for py in all_twins():
         text = py.read_text()
@@ -509,7 +594,9 @@ def sync_setup_cells() -> None:
         for i, part in enumerate(parts):
             if part.startswith("# %%") and not part.startswith("# %% [markdown]"):
                 header = part.split("\n", 1)[0]
-                parts[i] = f"{header}\n{SETUP_CELL}\n\n"
+                kept = [a for a in re.findall(r'\w+=(?:"[^"]*"|\{[^}]*\}|\[[^\]]*\])', header)
+                        if a.split("=", 1)[0] not in SETUP_METADATA]
+                parts[i] = f"{' '.join(['# %%', *kept, SETUP_HEADER_ATTRIBUTES])}\n{SETUP_CELL}\n\n"
                 break
         py.write_text("".join(parts))
 

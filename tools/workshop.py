@@ -130,6 +130,8 @@ def _floors(ipynb: pathlib.Path, starts: list[int]) -> list[float]:
         minutes = 0.0
         for cell in cells[a:b]:
             words = len(cell.source.split())
+            if "course-setup" in cell.metadata.get("tags", []):
+                words = 0  # folded and never read: only its run time counts
             if cell.cell_type == "markdown":
                 minutes += words / PROSE_WORDS_PER_MINUTE
             else:

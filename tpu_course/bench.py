@@ -37,6 +37,7 @@ import dataclasses
 import json
 import statistics
 import threading
+import textwrap
 import time
 import warnings
 from typing import Any, Callable
@@ -364,7 +365,9 @@ def benchmark(fn: Callable, *args: Any, warmup: int = 2, repeats: int = 10,
         result = dataclasses.replace(result, warnings=tuple(notes))
         if warn:
             for note in notes:
-                warnings.warn(f"benchmark {label!r}: {note}", BenchmarkWarning, stacklevel=2)
+                # Python prints the file and line first: the note starts below them.
+                text = textwrap.fill(note, 88, initial_indent="  ", subsequent_indent="  ")
+                warnings.warn(f"benchmark {label!r}:\n{text}", BenchmarkWarning, stacklevel=2)
     return result
 
 

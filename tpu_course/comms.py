@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import textwrap
 from typing import Callable, NoReturn, Sequence
 
 from tpu_course import errors, hardware
@@ -492,8 +493,10 @@ class Recommendation:
     reasons: tuple[str, ...]
 
     def __str__(self) -> str:
-        return (f"within a slice: {self.within_slice}; across slices: {self.across_slices}\n  "
-                + "\n  ".join(self.reasons))
+        lines = [f"within a slice: {self.within_slice}; across slices: {self.across_slices}"]
+        for reason in self.reasons:  # wrapped to a notebook's 88-character column
+            lines += textwrap.wrap(reason, 88, initial_indent="  ", subsequent_indent="    ")
+        return "\n".join(lines)
 
     __repr__ = __str__
 
@@ -517,7 +520,8 @@ def recommend(chip: hardware.Chip | str, params: float, tokens_per_slice: float,
     >>> print(recommend("v5e", 7e9, 1e6, slices=4))
     within a slice: fsdp; across slices: dp
       10 x 7e+09 params = 70 GB per chip for a DP replica > 16 GB HBM: shard it (FSDP)
-      1,000,000 tokens per slice >= 94,560 needed over DCN with 4 slices: DP across slices is compute-bound
+      1,000,000 tokens per slice >= 94,560 needed over DCN with 4 slices: DP across slices
+        is compute-bound
     """
     chip = hardware.as_chip(chip)
     params = errors.check_number("params", params, low=0, low_open=True)

@@ -62,10 +62,16 @@ class CostEstimate:
 
     def __str__(self) -> str:
         m = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
-        where = (f"example {pricing_note(self.pricing)} price, {PRICES_AS_OF}, unverified"
-                 if self.example else f"your {self.pricing.replace('_', '-')} price")
-        return (f"{self.chips} x {self.chip} for {self.hours:,.3g} h at ${self.usd_per_chip_hour:.2f}"
-                f"/chip-h ({where}) = ${self.usd:,.2f}{m}")
+        if not self.example:
+            where = f"your {self.pricing.replace('_', '-')} price"
+        elif self.pricing == "spot":
+            where = f"example: {pricing_note('spot')}, unverified"
+        else:
+            where = "example price, unverified"
+        cost = (f"{self.chips} x {self.chip} x {self.hours:,.3g} h x "
+                f"${self.usd_per_chip_hour:.2f}/chip-h = ${self.usd:,.2f}{m}")
+        # One line when it leaves room for a label before it in an 88-character column.
+        return f"{cost} ({where})" if len(cost) + len(where) < 70 else f"{cost}\n  ({where})"
 
     __repr__ = __str__
 
@@ -105,9 +111,10 @@ def training_cost(chip: str, chips: int, *, tokens: float | None = None, params:
     >>> round(est.hours, 2), round(est.usd)
     (1.65, 508)
     >>> print(training_cost("v5e", 20, hours=3, pricing="spot"))
-    20 x v5e for 3 h at $0.48/chip-h (example spot = assumed 0.4 x on-demand price, 2026-11-30, unverified) = $28.80
+    20 x v5e x 3 h x $0.48/chip-h = $28.80
+      (example: spot = assumed 0.4 x on-demand, unverified)
     >>> print(training_cost("v5e", 20, hours=3, pricing="spot", usd_per_chip_hour=0.5))
-    20 x v5e for 3 h at $0.50/chip-h (your spot price) = $30.00
+    20 x v5e x 3 h x $0.50/chip-h = $30.00 (your spot price)
     """
     if not isinstance(chip, str) or chip not in PRICES_USD_PER_CHIP_HOUR:
         raise errors.CourseValueError(f"chip={chip!r}: no price in the table; it has "

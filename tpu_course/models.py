@@ -46,9 +46,9 @@ IMAGE_SHAPE = (28, 28)
 def prepare_images(images: Any, dtype: Any = jnp.float32) -> jax.Array:
     """uint8 images ``(N, 28, 28)`` -> floats in [0, 1] of shape ``(N, 28, 28, 1)``.
 
-    Called inside the jitted step, so it runs on the chip: the host sends uint8 (one byte
-    a pixel, a quarter of what float32 would cost to copy) and the conversion is a few
-    cheap element-wise operations there. Float images pass through, already scaled.
+    Called inside the jitted step, so it runs on the chip: the host sends uint8 (one
+    byte a pixel, a quarter of what float32 would cost to copy) and the conversion is a
+    few cheap element-wise operations there. Float images pass through, already scaled.
     """
     x = jnp.asarray(images)
     if x.ndim == 3:  # (N, 28, 28) -> (N, 28, 28, 1): one channel, channels last
@@ -56,7 +56,8 @@ def prepare_images(images: Any, dtype: Any = jnp.float32) -> jax.Array:
     if x.ndim != 4 or x.shape[1:3] != (28, 28):
         raise ValueError(
             f"expected images of shape (N, 28, 28) or (N, 28, 28, 1), got {x.shape}; "
-            "pass a batch of MNIST-sized images (add a leading batch axis for one image)"
+            "pass a batch of MNIST-sized images (add a leading batch axis for one "
+            "image)"
         )
     if jnp.issubdtype(x.dtype, jnp.integer):  # pixels 0..255
         return x.astype(dtype) / 255.0
@@ -117,8 +118,9 @@ class MLP(nnx.Module):
 class CNN(nnx.Module):
     """A small convolutional network for 28 x 28 images: 206,922 parameters by default.
 
-    conv 3x3 -> ReLU -> pool 2x2 -> conv 3x3 -> ReLU -> pool 2x2 -> dense -> ReLU -> dense.
-    'SAME' padding keeps each convolution's map size, so the poolings take 28 -> 14 -> 7.
+    conv 3x3 -> ReLU -> pool 2x2 -> conv 3x3 -> ReLU -> pool 2x2 -> dense -> ReLU ->
+    dense. 'SAME' padding keeps each convolution's map size, so the poolings take
+    28 -> 14 -> 7.
     An ``nnx.Module`` is a plain Python object: ``__init__`` creates the layers (and
     their parameters, from ``rngs``), ``__call__`` is the forward pass.
 
@@ -134,7 +136,8 @@ class CNN(nnx.Module):
                  rngs: nnx.Rngs):
         for i, width in enumerate(features):  # every layer needs at least one channel
             if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-                raise ValueError(f"CNN.features[{i}]={width!r}: expected an integer >= 1")
+                raise ValueError(f"CNN.features[{i}]={width!r}: "
+                                 "expected an integer >= 1")
         c1, c2 = features
         self.conv1 = nnx.Conv(1, c1, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
         self.conv2 = nnx.Conv(c1, c2, kernel_size=(3, 3), dtype=dtype, rngs=rngs)
@@ -154,9 +157,9 @@ class CNN(nnx.Module):
     def pool(x: jax.Array) -> jax.Array:
         """2 x 2 average pooling, stride 2, written as a reshape and a mean.
 
-        The same numbers as ``nnx.avg_pool(x, (2, 2), strides=(2, 2))``, but its gradient
-        is a broadcast rather than a windowed reduction, which XLA's CPU backend runs
-        several times faster (on a TPU or GPU both are cheap).
+        The same numbers as ``nnx.avg_pool(x, (2, 2), strides=(2, 2))``, but its
+        gradient is a broadcast rather than a windowed reduction, which XLA's CPU
+        backend runs several times faster (on a TPU or GPU both are cheap).
         """
         n, h, w, c = x.shape
         return x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))

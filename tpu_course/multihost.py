@@ -174,7 +174,8 @@ def multihost_problem(seed: int = 0, batch: int = 32, d_model: int = 16, d_ff: i
 
 def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
                         process_count: int = 1, lr: float = 0.1) -> dict:
-    """Data-parallel training of the MLP block over every device of ``mesh``, in every process.
+    """Data-parallel training of the MLP block over every device of ``mesh``, in every
+    process.
 
     Every process runs this same function. Each one makes the same global batch here (a
     real job would have each host read only its own files) and hands only its rows to
@@ -204,13 +205,16 @@ def train_data_parallel(mesh: Mesh, steps: int, process_index: int = 0,
         losses.append(float(loss))  # the loss is replicated: every process has it whole
     from jax.experimental import multihost_utils
 
-    trained = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in p.items()}
+    trained = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
+               for k, v in p.items()}
     return {"losses": losses, "params": trained}
 
 
 def worker(coordinator: str | None = None, num_processes: int | None = None,
-           process_id: int | None = None, steps: int = 5, checkpoint_dir: str | None = None) -> dict:
-    """What each process of a multi-process run executes: the same program on every host.
+           process_id: int | None = None, steps: int = 5,
+           checkpoint_dir: str | None = None) -> dict:
+    """What each process of a multi-process run executes: the same program on every
+    host.
 
     ``jax.distributed.initialize`` joins this process to the others (on a TPU pod slice
     it takes no arguments: it reads the slice's metadata). After it, ``jax.devices()``
@@ -226,10 +230,13 @@ def worker(coordinator: str | None = None, num_processes: int | None = None,
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
     out = train_data_parallel(mesh, steps, jax.process_index(), jax.process_count())
     if checkpoint_dir is not None and jax.process_index() == 0:
-        np.savez(os.path.join(checkpoint_dir, f"mlp_block_step{steps}.npz"), **out["params"])
-    return {"losses": out["losses"], "w1_sum": float(np.sum(out["params"]["w1"], dtype=np.float64)),
+        path = os.path.join(checkpoint_dir, f"mlp_block_step{steps}.npz")
+        np.savez(path, **out["params"])
+    return {"losses": out["losses"],
+            "w1_sum": float(np.sum(out["params"]["w1"], dtype=np.float64)),
             "process_index": jax.process_index(), "process_count": jax.process_count(),
-            "local_devices": jax.local_device_count(), "global_devices": jax.device_count()}
+            "local_devices": jax.local_device_count(),
+            "global_devices": jax.device_count()}
 
 
 # ------------------------------------------------------- lab 6's check of process_rows

@@ -459,9 +459,9 @@ def plot_blocks(fn: Callable, *args: Any, step: tuple[int, ...] | None = None) -
 
 
 def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
-    """One grid step (i, j, k): add x's block (i, k) times y's block (k, j) into a float32
-    accumulator that stays in VMEM across the K steps; zero it at the first K step, write
-    the output block (i, j) at the last."""
+    """One grid step (i, j, k): add x's block (i, k) times y's block (k, j) into a
+    float32 accumulator that stays in VMEM across the K steps; zero it at the first K
+    step, write the output block (i, j) at the last."""
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
@@ -472,7 +472,7 @@ def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
     # the MXU multiplies bf16 blocks and sums in float32: keep the float32 sums
     acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
 
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)  # all of K is in: write, cast once
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)  # all of K is in: write once
     def _write():
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
@@ -480,9 +480,10 @@ def ktiled_kernel(x_ref, y_ref, o_ref, acc_ref):
 def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_bytes=None,
                   dimension_semantics=("parallel", "parallel", "arbitrary")):
     """``x @ y`` on a 3-D grid (M / bm, N / bn, K / bk), K innermost: each step reads a
-    (bm, bk) block of x and a (bk, bn) block of y, whatever K is. ``dimension_semantics``
-    tells the compiler which grid axes are independent ("parallel": M and N blocks) and
-    which carry a dependence from step to step ("arbitrary": K, through the accumulator)."""
+    (bm, bk) block of x and a (bk, bn) block of y, whatever K is.
+    ``dimension_semantics`` tells the compiler which grid axes are independent
+    ("parallel": M and N blocks) and which carry a dependence from step to step
+    ("arbitrary": K, through the accumulator)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -497,7 +498,7 @@ def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_byte
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
                   pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],  # the accumulator: one, float32
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],  # the accumulator, float32
         compiler_params=pltpu.CompilerParams(dimension_semantics=dimension_semantics,
                                              vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret,

@@ -220,7 +220,8 @@ def strategy_placement(strategy: str | None, mesh: Mesh | None,
 
 def make_sharded_train_step(step: Callable, strategy: str, state: Any, mesh: Mesh,
                             axis: str | None = None) -> tuple[Callable, Any, Any]:
-    """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's shardings.
+    """Jit a pure ``(state, batch) -> (state, metrics)`` step with a strategy's
+    shardings.
 
     Returns ``(jitted_step, state_sharding, batch_sharding)``; place the state with
     ``jax.device_put(state, state_sharding)`` and each batch with ``batch_sharding``.
@@ -326,23 +327,26 @@ def mlp_block_specs(strategy: str, axis: str = "data") -> tuple[dict, P]:
         return {"w1": P(), "w2": P()}, P(axis)
     if strategy == "fsdp":  # split the weights (first axis) and the batch
         return {"w1": P(axis), "w2": P(axis)}, P(axis)
-    if strategy == "tp":  # Megatron: w1 by columns, w2 by rows; every device sees the batch
+    if strategy == "tp":  # Megatron: w1 by columns, w2 by rows; batch on every device
         return {"w1": P(None, axis), "w2": P(axis, None)}, P()
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
-def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None,
+def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1,
+                       axis: str | None = None,
                        precision: Any = jax.lax.Precision.HIGHEST) -> Callable:
-    """One SGD step of the MLP block, sharded by annotations only: XLA writes the collectives.
+    """One SGD step of the MLP block, sharded by annotations only: XLA writes the
+    collectives.
 
     The step is the single-device one; ``jax.jit``'s ``in_shardings`` and
     ``out_shardings`` say where each array lives. FSDP adds one more annotation: inside
-    the loss each weight is constrained to be whole (replicated), which is FSDP's "gather
-    the weight before using it"; the gradient then flows back to the shards.
+    the loss each weight is constrained to be whole (replicated), which is FSDP's
+    "gather the weight before using it"; the gradient then flows back to the shards.
     """
     axis = axis or mesh.axis_names[0]
     param_specs, batch_spec = mlp_block_specs(strategy, axis)
-    param_sharding = {name: NamedSharding(mesh, spec) for name, spec in param_specs.items()}
+    param_sharding = {name: NamedSharding(mesh, spec)
+                      for name, spec in param_specs.items()}
     batch_sharding = NamedSharding(mesh, batch_spec)
     replicated = NamedSharding(mesh, P())
 
@@ -359,7 +363,8 @@ def sharded_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | N
                    out_shardings=(param_sharding, replicated))
 
 
-def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None = None) -> Callable:
+def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1,
+                   axis: str | None = None) -> Callable:
     """The same SGD step with every collective written by hand, under ``jax.shard_map``.
 
     Inside ``shard_map`` each device sees only its own block of every array and talks to
@@ -369,8 +374,8 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
       through it sums the replicated weights' gradients over devices (one all-reduce).
     * ``"fsdp"``: each weight ``all_gather``-ed before use; JAX's transpose of that
       all-gather is a ``psum_scatter``, so the gradients come back as reduce-scatters.
-    * ``"tp"``: ``w1`` split by columns, ``w2`` by rows; one ``psum`` (all-reduce) of the
-      ``[batch, d_model]`` partial outputs. The batch is replicated.
+    * ``"tp"``: ``w1`` split by columns, ``w2`` by rows; one ``psum`` (all-reduce) of
+      the ``[batch, d_model]`` partial outputs. The batch is replicated.
     """
     axis = axis or mesh.axis_names[0]
     param_specs, batch_spec = mlp_block_specs(strategy, axis)
@@ -388,13 +393,15 @@ def mlp_block_step(strategy: str, mesh: Mesh, lr: float = 0.1, axis: str | None 
         return loss if strategy == "tp" else jax.lax.pmean(loss, axis)
 
     def local_step(p, x, y):
-        # No explicit pmean of the gradients: the parameters are replicated (the same on
-        # every device) while the loss came from sharded data, so JAX's transpose of that
-        # broadcast is a psum: the all-reduce of data parallelism appears by itself.
+        # No explicit pmean of the gradients: the parameters are replicated (the same
+        # on every device) while the loss came from sharded data, so JAX's transpose of
+        # that broadcast is a psum: the all-reduce of data parallelism appears by
+        # itself.
         loss, g = jax.value_and_grad(local_loss)(p, x, y)
         return jax.tree.map(lambda a, b: a - lr * b, p, g), loss
 
-    return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=(param_specs, batch_spec, batch_spec),
+    return jax.jit(jax.shard_map(local_step, mesh=mesh,
+                                 in_specs=(param_specs, batch_spec, batch_spec),
                                  out_specs=(param_specs, P())))
 
 
@@ -492,7 +499,8 @@ def ring_schedule(n: int) -> list[np.ndarray]:
 
 def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax.Array,
                   mesh: Mesh, axis: str = "stage") -> tuple[jax.Array, jax.Array]:
-    """Run a GPipe forward pass: stage ``s`` (device ``s`` on ``axis``) applies its layer.
+    """Run a GPipe forward pass: stage ``s`` (device ``s`` on ``axis``) applies its
+    layer.
 
     ``stage_params`` has a leading axis of size ``p`` (one slice per stage),
     ``microbatches`` is ``[m, ...]``. At tick ``t`` stage ``s`` works on micro-batch
@@ -518,13 +526,16 @@ def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax
             active = (k >= 0) & (k < m)
             inp = jnp.where(s == 0, mbs[jnp.clip(t, 0, m - 1)], carry)
             y = jnp.where(active, stage_fn(w, inp), jnp.zeros_like(inp))
-            outs = jnp.where(active & (s == p - 1), outs.at[jnp.clip(k, 0, m - 1)].set(y), outs)
+            last = active & (s == p - 1)
+            outs = jnp.where(last, outs.at[jnp.clip(k, 0, m - 1)].set(y), outs)
             line.append(jnp.where(active, k, -1))
             carry = jax.lax.ppermute(y, axis, [(i, i + 1) for i in range(p - 1)])
-        outs = jax.lax.psum(outs, axis)  # only the last stage wrote: the sum is its outputs
+        # only the last stage wrote: the sum is its outputs
+        outs = jax.lax.psum(outs, axis)
         return outs, jnp.stack(line)[None]
 
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()), out_specs=(P(), P(axis)))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()),
+                       out_specs=(P(), P(axis)))
     return jax.jit(fn)(stage_params, microbatches)
 
 

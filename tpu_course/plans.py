@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from typing import Any, Iterable, Mapping, Sequence
 
 from tpu_course import errors, hardware, tables
@@ -34,7 +35,7 @@ class PlannedCollective:
     why: str = ""
 
     def __str__(self) -> str:
-        return f"{self.kind:<15} x{self.arrays}  {self.bytes:>12,} B/device  ({self.why})"
+        return f"{self.kind:<14} x{self.arrays}  {self.bytes:>10,} B/device  ({self.why})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,10 @@ class CollectivePlan:
 
     def __str__(self) -> str:
         lines = [f"{self.strategy.upper()} on {self.devices} devices:"]
-        lines += ["  " + str(c) for c in self.collectives]
+        for c in self.collectives:  # a long reason continues under its "(", 88 wide
+            row = str(c)
+            lines += textwrap.wrap(row, 88, initial_indent="  ",
+                                   subsequent_indent=" " * (3 + row.index("(")))
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -128,9 +132,10 @@ def collective_bytes(strategy: str, params: Mapping[str, Sequence[int]] | Iterab
     >>> shapes = {"w1": (256, 1024), "w2": (1024, 256)}
     >>> print(collective_bytes("fsdp", shapes, devices=8))
     FSDP on 8 devices:
-      all-gather      x2       262,144 B/device  (each parameter gathered for the forward pass)
-      reduce-scatter  x2     2,097,152 B/device  (each gradient summed and scattered back to its shard)
-      all-reduce      x1             4 B/device  (the mean loss)
+      all-gather     x2     262,144 B/device  (each parameter gathered for the forward pass)
+      reduce-scatter x2   2,097,152 B/device  (each gradient summed and scattered back to
+                                               its shard)
+      all-reduce     x1           4 B/device  (the mean loss)
     >>> collective_bytes("dp", shapes, devices=8).by_kind()
     {'all-reduce': (3, 2097156)}
     >>> collective_bytes("tp", shapes, devices=8, batch=64, d_out=256).by_kind()

@@ -354,7 +354,8 @@ class Runtime:
         return hardware.get(self.generation) if self.generation else None
 
     def banner(self) -> str:
-        """One line naming the runtime; every notebook prints it near the top."""
+        """The runtime in two short lines (what computes; the host and jax); every notebook
+        prints it near the top."""
         if self.platform == "cpu":
             what = f"{self.device_count} {'simulated ' if self.simulated else ''}CPU device(s)"
             what += " -- timings here are CPU timings, not TPU timings"
@@ -362,9 +363,11 @@ class Runtime:
             chip = self.chip.display_name if self.chip else f"unknown chip {self.device_kind!r}"
             what = f"{self.device_count} x {self.device_kind} ({chip})"
             if self.simulated:
-                what += f"; plus {self.cpu_device_count} simulated CPU devices for mesh demos"
+                what += (f";\n  plus {self.cpu_device_count} simulated CPU devices for mesh "
+                         "demos")
         procs = f", {self.process_count} processes" if self.process_count > 1 else ""
-        return f"Runtime: {self.platform.upper()}: {what}{procs}; host: {self.host}; jax {self.jax_version}"
+        return (f"Runtime: {self.platform.upper()}: {what}{procs}\n"
+                f"  host: {self.host}; jax {self.jax_version}")
 
     def __str__(self) -> str:
         return self.banner()

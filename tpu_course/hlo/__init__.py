@@ -48,7 +48,7 @@ from tpu_course.hlo.aot import (  # noqa: F401  (the package's public face: hlo.
 from tpu_course.hlo.text import (  # noqa: F401  (the package's public face: hlo.parse_module ...)
     COLLECTIVE_KINDS, COMPUTATION_RE, DTYPE_BYTES, INSTRUCTION_RE, NUMPY_DTYPE, Collective,
     Fusion, HloModule, Instruction, clean_line, normalise_cost, normalise_memory,
-    parse_collectives, parse_fusions, parse_module, parse_replica_groups,
+    parse_collectives, parse_fusions, parse_module, parse_replica_groups, wrap_lines,
 )
 
 
@@ -213,7 +213,9 @@ class HloText:
         return out
 
     def __str__(self) -> str:
-        return "\n".join((">> " if hot else "   ") + line for hot, line in self._marked())
+        # A long instruction continues on indented lines (a notebook's column is 88 wide).
+        return wrap_lines("\n".join((">> " if hot else "   ") + line
+                                     for hot, line in self._marked()))
 
     def __repr__(self) -> str:
         return str(self)

@@ -29,6 +29,7 @@ import collections
 import dataclasses
 import math
 import re
+import textwrap
 from typing import Any, Iterator, Mapping
 
 from tpu_course import comms
@@ -434,3 +435,25 @@ def clean_line(line: str, numbers: bool = True) -> str:
     if numbers:
         line = re.sub(r"(%[A-Za-z_][\w\-]*?)(\.\d+)+\b", r"\1", line)
     return line.strip()
+
+
+def wrap_lines(text: str, width: int = 88, indent: int = 6) -> str:
+    """``text`` (HLO, StableHLO, a jaxpr) with each line wider than ``width`` continued
+    on lines indented ``indent`` more than its own, so it fits a notebook's code column
+    (88 characters: CONTRIBUTING). Short lines are left as they are.
+
+    >>> line = "  %d = f32[8]{0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    >>> print(wrap_lines(line, 40))
+      %d = f32[8]{0} dot(%a, %b),
+            lhs_contracting_dims={1},
+            rhs_contracting_dims={0}
+    """
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = " " * (len(line) - len(line.lstrip()) + indent)
+        out += textwrap.wrap(line, width, subsequent_indent=lead, break_on_hyphens=False,
+                             drop_whitespace=True)
+    return "\n".join(out)

@@ -130,8 +130,9 @@ class SystolicRun:
         m, k, n = self.shape
         return "\n".join([
             f"{self.rows}x{self.cols} {DATAFLOW[self.dataflow].name} array, "
-            f"timing={self.timing!r}: ({m}x{k}) @ ({k}x{n}) in {self.folds} fold(s) "
-            f"({self.fold_grid[0]} x {self.fold_grid[1]}, {self.fold_order})",
+            f"timing={self.timing!r}: ({m}x{k}) @ ({k}x{n})",
+            f"{self.folds} fold(s) ({self.fold_grid[0]} x {self.fold_grid[1]}, "
+            f"{self.fold_order})",
             f"cycles {self.cycles:,} = preload {self.preload_cycles:,} + fill "
             f"{self.fill_cycles:,} + steady {self.steady_cycles:,} + drain "
             f"{self.drain_cycles:,}" + (f" {self.count_offset:+d}" if self.count_offset else ""),
