@@ -242,7 +242,10 @@ def test_lab6_compiling_checkers(subprocess_runner):
     assert "recorded before the measurement" in r["pred_edited_after"][1]
     if hlo.tpu_compiler_available():
         assert r["v5e"][0] == "passed", r["v5e"]
-        assert "43,008-byte collective-permute realigns shards" in r["v5e"][1]
+        kinds = r["v5e"][1].split("All kinds:")[1]
+        # a permute appears when a shard is not whole 8-row tiles (the notebook's 784-row
+        # weight split on rows: 43,008 B); the message then says what it is
+        assert ("collective-permute" not in kinds) or "realigns shards" in r["v5e"][1]
         assert r["v5e_ar"][0] == "failed"
         assert r["v5e_garbage"][0] == "failed"
     else:

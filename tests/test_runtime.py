@@ -30,9 +30,10 @@ def test_import_does_not_start_jax_and_simulate_works_after_import():
         print(rt.banner())
     """)
     assert out.returncode == 0, out.stderr
-    first, banner = out.stdout.strip().splitlines()
+    first, banner, host = out.stdout.strip().splitlines()
     assert first == "8 True cpu"
     assert "8 simulated CPU device(s)" in banner and "not TPU timings" in banner
+    assert host.startswith("  host: ") and "jax " in host and max(map(len, (banner, host))) <= 88
 
 
 def test_simulate_after_jax_imported_but_not_started_still_works():
