@@ -429,7 +429,7 @@ def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_byte
         interpret=interpret,
     )(x, y)
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
+# %% [markdown] slideshow={"slide_type": "skip"}
 # One grid step, drawn from the kernel's own `BlockSpec`s: the block of each operand that
 # step $(i, j, k)$ works on, and what VMEM holds meanwhile. Pallas keeps **two** buffers
 # per block (while the kernel computes on one, the next block's copy lands in the other:
