@@ -143,12 +143,9 @@ def test_home_page(server, browser):
     browser.set_window_size(1280, 900)
 
 
-# Code blocks wider than the page's code column on a desktop (1400 px). The notebooks'
-# lines over 88 characters (CONTRIBUTING; test_notebooks.py lists them) are shortened in
-# the twins; until the last ones go this is expected to fail: the runtime banner
-# (tpu_course.runtime, 16 lines) and lab 8's notebooks (9 lines).
-WIDE_CODE_LINES = 25  # was 695 (168 of them in the old setup cells)
-
+# Code blocks wider than the page's code column on a desktop (1400 px): notebook lines
+# stay within 88 characters (CONTRIBUTING; tests/test_notebooks.py holds the twins to it),
+# and docs/_static/course.css sets code small enough for 88 characters to fit.
 CODE_OVERFLOW = """
 return Array.from(document.querySelectorAll('article div.highlight pre, article div.output pre'))
   .filter(p => p.scrollWidth > p.clientWidth + 2)
@@ -182,8 +179,6 @@ def test_chapter_page(server, browser, ipynb):
     browser.set_window_size(1280, 900)
 
 
-@pytest.mark.xfail(strict=False, reason=f"{WIDE_CODE_LINES} notebook lines over 88 characters "
-                   "(issue 27: the twins are being shortened)")
 def test_no_code_block_is_wider_than_its_column(server, browser):
     browser.set_window_size(1400, 900)
     wide = {}
