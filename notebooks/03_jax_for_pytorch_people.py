@@ -873,7 +873,7 @@ plant("loss summed, not averaged", reduce=jnp.sum)
 # %% slideshow={"slide_type": "subslide"}
 # Grid of ports (rows) by arrays (columns): green within tolerance, red past it
 # (columns in the order the report reads them)
-parity.plot_reports(ports);
+ax = parity.plot_reports(ports)  # assigned: only the figure is shown
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 2, "agenda": "one-day"}
 # Each mistake is named at the layer where it happens: the transposed kernel at

@@ -437,10 +437,10 @@ def matmul_ktiled(x, y, bm=512, bk=512, bn=512, interpret=False, vmem_limit_byte
 
 # %% slideshow={"slide_type": "subslide"}
 # The K-tiled matmul at grid step (1, 2, 1): its block of each array, and VMEM's buffers
-pallas_tools.plot_blocks(functools.partial(matmul_ktiled, bm=256, bk=128, bn=256),
-                         jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16),
-                         jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16),
-                         step=(1, 2, 1));
+fig = pallas_tools.plot_blocks(functools.partial(matmul_ktiled, bm=256, bk=128, bn=256),
+                               jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16),
+                               jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16),
+                               step=(1, 2, 1))
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The same numbers as `jnp.dot` in the interpreter, over four K steps and four output
