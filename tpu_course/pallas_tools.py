@@ -227,6 +227,21 @@ def _block_sizes(block_shape: Any) -> list[Any]:
     return sizes
 
 
+def _array_of(block: Any) -> Any:
+    """The whole array a block mapping cuts into blocks (its shape and dtype)."""
+    return getattr(block, "array_aval", None) or block.array_shape_dtype  # jax 0.7.2
+
+
+def _block_index(block: Any, step: tuple[int, ...]) -> tuple[int, ...]:
+    """The block index an operand's ``BlockSpec`` index map gives at grid ``step``."""
+    import jax
+    import numpy as np
+
+    closed = block.index_map_jaxpr
+    return tuple(int(i) for i in jax.core.eval_jaxpr(closed.jaxpr, closed.consts,
+                                                     *(np.int32(i) for i in step)))
+
+
 def _check_kernels(fn: Any, args: tuple) -> None:
     """Trace ``fn(*args)``; refuse a function with no kernel, a grid with no steps and a
     block that is not a positive integer or is larger than its array."""
@@ -258,8 +273,7 @@ def _check_kernels(fn: Any, args: tuple) -> None:
                 "nothing (a block larger than its array makes array // block = 0). Use "
                 "blocks no larger than the arrays, that divide them.")
         for which, block in enumerate(mapping.block_mappings):
-            array = getattr(block, "array_aval", None) or block.array_shape_dtype  # jax 0.7.2
-            shape = tuple(array.shape)
+            shape = tuple(_array_of(block).shape)
             sizes = _block_sizes(block.block_shape)
             for size, dim in zip(sizes, shape):
                 if size is None:
@@ -351,32 +365,42 @@ def block_copies(fn: Callable, *args: Any) -> tuple[BlockTraffic, ...]:
     a traffic model can be checked against it on a CPU. One ``pallas_call`` with a static
     grid and no scalar prefetch.
     """
-    import itertools
+    return _traffic(_one_static_kernel(fn, args, "block_copies").params["grid_mapping"])
 
+
+def _one_static_kernel(fn: Callable, args: tuple, who: str) -> Any:
+    """The one ``pallas_call`` equation of ``fn(*args)``, whose grid is static and whose
+    index maps read the grid indices only; anything else is refused, naming ``who``."""
     import jax
-    import numpy as np
 
     name = _fn_name(fn)
     calls = list(_pallas_calls(jax.make_jaxpr(fn)(*args).jaxpr))
     if len(calls) != 1:
         raise errors.CourseValueError(
-            f"{name} runs {len(calls)} pallas_calls: block_copies reads exactly one kernel "
+            f"{name} runs {len(calls)} pallas_calls: {who} reads exactly one kernel "
             "(time each kernel in a function of its own)")
     mapping = calls[0].params["grid_mapping"]
     grid = tuple(mapping.grid)
     if not all(isinstance(g, numbers.Integral) for g in grid) or mapping.num_index_operands:
         raise errors.CourseValueError(
-            f"{name}'s grid {grid} is dynamic or uses scalar prefetch: block_copies needs a "
+            f"{name}'s grid {grid} is dynamic or uses scalar prefetch: {who} needs a "
             "static grid whose index maps depend on the grid indices only")
+    return calls[0]
+
+
+def _traffic(mapping: Any) -> tuple[BlockTraffic, ...]:
+    """:func:`block_copies` for a kernel's grid mapping."""
+    import itertools
+
+    import numpy as np
+
     rows = []
     for which, block in enumerate(mapping.block_mappings):
-        array = getattr(block, "array_aval", None) or block.array_shape_dtype  # jax 0.7.2
+        array = _array_of(block)
         sizes = _block_sizes(block.block_shape)
-        closed = block.index_map_jaxpr
         previous, copies = None, 0
-        for step in itertools.product(*(range(int(g)) for g in grid)):
-            indices = tuple(int(i) for i in jax.core.eval_jaxpr(
-                closed.jaxpr, closed.consts, *(np.int32(i) for i in step)))
+        for step in itertools.product(*(range(int(g)) for g in mapping.grid)):
+            indices = _block_index(block, step)
             copies += indices != previous
             previous = indices
         elements = int(np.prod([1 if s is None else s for s in sizes]))
@@ -397,14 +421,13 @@ def plot_blocks(fn: Callable, *args: Any, step: tuple[int, ...] | None = None) -
     """
     import itertools
 
-    import jax
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.patches import Rectangle
 
-    traffic = block_copies(fn, *args)  # validates: one kernel, a static grid
-    call = next(_pallas_calls(jax.make_jaxpr(fn)(*args).jaxpr))
+    call = _one_static_kernel(fn, args, "plot_blocks")
     mapping = call.params["grid_mapping"]
+    traffic = _traffic(mapping)
     scratch = call.params["jaxpr"].invars[len(call.params["jaxpr"].invars)
                                           - mapping.num_scratch_operands:]
     grid = tuple(int(g) for g in mapping.grid)
@@ -418,9 +441,7 @@ def plot_blocks(fn: Callable, *args: Any, step: tuple[int, ...] | None = None) -
     for ax, row, block in zip(axes, traffic, mapping.block_mappings):
         rows, cols = (row.array_shape + (1,))[:2] if len(row.array_shape) < 2 else row.array_shape[-2:]
         brows, bcols = row.block_shape[-2:] if len(row.block_shape) >= 2 else (1, row.block_shape[0])
-        closed = block.index_map_jaxpr
-        index = [int(i) for i in jax.core.eval_jaxpr(closed.jaxpr, closed.consts,
-                                                      *(np.int32(i) for i in step))][-2:]
+        index = _block_index(block, step)[-2:]
         for r, c in itertools.product(range(rows // brows), range(cols // bcols)):
             ax.add_patch(Rectangle((c * bcols, r * brows), bcols, brows, fill=False, lw=0.6,
                                    ec="#57606a"))
