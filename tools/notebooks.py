@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import tpu_course
+from tools import SETUP_TAG
 from tpu_course import REPOSITORY
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -157,18 +158,19 @@ setup_course()'''
 
 
 #: The setup cell's metadata: a folded form on Colab, collapsed input in JupyterLab, and
-#: the tag the website and the decks leave out (``tools.slides.SETUP_TAG``, docs/conf.py).
+#: the tag the website and the decks leave out (:data:`tools.SETUP_TAG`).
 SETUP_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True},
-                  "tags": ["course-setup"]}
+                  "tags": [SETUP_TAG]}
 #: The same, as jupytext writes it on the twin's ``# %%`` line.
-SETUP_HEADER_ATTRIBUTES = 'cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]'
+SETUP_HEADER_ATTRIBUTES = " ".join(f"{key}={json.dumps(value)}"
+                                   for key, value in SETUP_METADATA.items())
 
 
 def has_setup_metadata(metadata: Any) -> bool:
     """Whether a cell's metadata folds, collapses and tags it as the setup cell."""
-    return (metadata.get("cellView") == "form"
+    return (metadata.get("cellView") == SETUP_METADATA["cellView"]
             and metadata.get("jupyter", {}).get("source_hidden") is True
-            and "course-setup" in metadata.get("tags", []))
+            and SETUP_TAG in metadata.get("tags", []))
 
 
 def colab_url(path: str) -> str:

@@ -45,10 +45,11 @@ import shutil
 import sys
 from typing import Any
 
+from tools import SETUP_TAG  # the setup cell: never on a slide
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent / "slides_template"
 OUTPUT_ONLY_TAG = "slide-output-only"
-SETUP_TAG = "course-setup"  # the setup cell: never on a slide
 MIN_SLIDES, MAX_SLIDES = 15, 30
 HOW_TO_MARK = (
     "mark its cells in the .py twin's headers, e.g. `# %% [markdown] "

@@ -31,6 +31,8 @@ import pathlib
 import re
 from typing import Any, Iterable
 
+from tools import SETUP_TAG
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GUIDE = "INSTRUCTORS.md"
 BEGIN, END = "<!-- agendas: begin -->", "<!-- agendas: end -->"
@@ -130,7 +132,7 @@ def _floors(ipynb: pathlib.Path, starts: list[int]) -> list[float]:
         minutes = 0.0
         for cell in cells[a:b]:
             words = len(cell.source.split())
-            if "course-setup" in cell.metadata.get("tags", []):
+            if SETUP_TAG in cell.metadata.get("tags", []):
                 words = 0  # folded and never read: only its run time counts
             if cell.cell_type == "markdown":
                 minutes += words / PROSE_WORDS_PER_MINUTE

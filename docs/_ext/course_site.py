@@ -26,7 +26,8 @@ import json
 import re
 from typing import Any
 
-SETUP_TAG = "course-setup"       # the setup cell's tag (tools.notebooks writes it)
+from tools import SETUP_TAG  # the setup cell's tag (tools.notebooks writes it)
+
 REMOVE_TAG = "remove-cell"       # myst-nb's tag for "leave this cell out of the page"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
