@@ -61,15 +61,22 @@ def evaluate_model(model: nnx.Module, images: np.ndarray, labels: np.ndarray,
             "its parameters use train.evaluate(eval_step, params, images, labels).")
     graphdef, params = nnx.split(model, nnx.Param, ...)[:2]
     batch_size = errors.check_int("batch_size", batch_size, low=1)
-    sums = evaluate(jax.jit(make_eval_step(graphdef)), params, images, labels, batch_size)
+    eval_step = make_eval_step(graphdef)
 
     @jax.jit
-    def predict(p, x):
-        return nnx.merge(graphdef, p)(models.prepare_images(x)).argmax(-1)
+    def sums_and_classes(p, batch):  # one compiled step: XLA shares the forward pass
+        logits = nnx.merge(graphdef, p)(models.prepare_images(batch.images))
+        return eval_step(p, batch), logits.argmax(-1)
 
-    predictions = np.concatenate([np.asarray(predict(params, b.images)) for b in
-                                  batches(images, labels, batch_size, shuffle=False,
-                                          last_batch="pad")])[:len(images)]
+    classes = []
+
+    def step(p, batch):  # evaluate's loop, keeping each batch's predicted classes
+        sums, predicted = sums_and_classes(p, batch)
+        classes.append(np.asarray(predicted))
+        return sums
+
+    sums = evaluate(step, params, images, labels, batch_size)
+    predictions = np.concatenate(classes)[:len(images)]  # the padded tail dropped
     return Evaluation(sums["accuracy"], sums["loss"], sums["count"], predictions)
 
 
