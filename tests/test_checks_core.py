@@ -153,7 +153,7 @@ def test_lab_takes_the_number_also_as_text(number, want):
 
 @pytest.mark.parametrize("number, message", [
     ("one", "Pass the lab's number, e.g. checks.lab(1)"), (1.0, "Pass the lab's number"),
-    (True, "Pass the lab's number"), (9, "the labs are 1 to 7"), ("0", "there is no lab '0'"),
+    (True, "Pass the lab's number"), (9, "the labs are 1 to 8"), ("0", "there is no lab '0'"),
 ])
 def test_lab_refuses_what_is_no_lab_by_name(number, message):
     with pytest.raises(errors.CourseValueError, match=re.escape(message)):

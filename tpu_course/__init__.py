@@ -63,7 +63,8 @@ def jax_floor() -> str:
 _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "plans", "costs", "runtime",
     "data", "hlo", "bench", "transfer", "models", "train", "parallel", "multihost", "parity",
-    "pallas_tools", "viz", "tables", "checks", "preflight", "grade",
+    "pallas_tools", "viz", "tables", "checks", "preflight", "grade", "lm", "textdata",
+    "profiling",
 )
 
 #: Modules that moved (into a package, or to a name that says what they hold): the old name

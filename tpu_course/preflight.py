@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence
 
 from tpu_course import errors
 
-CHAPTERS = (1, 2, 3, 4, 5, 6, 7)
+CHAPTERS = (1, 2, 3, 4, 5, 6, 7, 8)
 #: Chapters whose check runs without JAX (numpy only): they run even when JAX cannot start.
 _WITHOUT_JAX = (1,)
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
@@ -436,12 +436,49 @@ def _ch7() -> str:
     return detail + f"; compiled for {report.target} ({report.device_kind})"
 
 
+def _ch8() -> str:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from tpu_course import lm, textdata
+
+    config = lm.LMConfig(d_model=32, heads=2, layers=2, d_ff=64, context=32,
+                         compute_dtype="float32")
+    model = lm.LM(config, rngs=nnx.Rngs(0))
+    # the head starts at zero (all logits 0): a random one makes the comparison real
+    model.head[...] = jax.random.normal(jax.random.key(1), model.head.shape)
+    graphdef, params = nnx.split(model)
+    count = sum(x.size for x in jax.tree.leaves(params))
+    if count != lm.param_count(config):
+        raise Failure(f"the model has {count:,} parameters, lm.param_count says "
+                      f"{lm.param_count(config):,}", "reinstall the course (pip install -U)")
+    tokens = jnp.asarray(np.arange(24).reshape(2, 12) % 256, jnp.int32)
+    forward = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))
+    decode = jax.jit(lambda p, x, c: nnx.merge(graphdef, p).decode(x, c))
+    logits, cache = decode(params, tokens[:, :6], lm.init_cache(config, 2))  # prefill
+    last, _ = decode(params, tokens[:, 6:], cache)  # the same shapes: one compile
+    gap = float(jnp.abs(jnp.concatenate([logits, last], 1) - forward(params, tokens)).max())
+    if gap > 1e-5:
+        raise Failure(f"KV-cache decoding differs from the full forward pass by {gap:.1e}",
+                      "reinstall matching jax, jaxlib and flax (pip install -U jax flax)")
+    corpus = textdata.load()
+    x, y = textdata.batch_at(corpus.train, 0, 2, 12)  # the shapes compiled above
+    log_p = jax.nn.log_softmax(forward(params, jnp.asarray(x)))
+    loss = -float(jnp.take_along_axis(log_p, jnp.asarray(y)[..., None], -1).mean())
+    return (f"LM ({count:,} parameters): cached decode == full forward (gap {gap:.0e}); "
+            f"a random model's loss {textdata.bits_per_byte(loss):.1f} bits per byte on "
+            f"a {corpus.size_bytes / 1e6:.1f} MB corpus")
+
+
 # -- running them -------------------------------------------------------------------------
 
 
 def _run_one(chapter: int, multihost: bool) -> Row:
     checks: dict[int, Callable[[], str]] = {
-        1: _ch1, 2: _ch2, 3: _ch3, 4: _ch4, 5: _ch5, 6: lambda: _ch6(multihost), 7: _ch7}
+        1: _ch1, 2: _ch2, 3: _ch3, 4: _ch4, 5: _ch5, 6: lambda: _ch6(multihost), 7: _ch7,
+        8: _ch8}
     start = time.perf_counter()
     try:
         detail = checks[chapter]()

@@ -1,4 +1,4 @@
-"""Lab checkers, one sub-module per chapter (``checks.ch01`` ... ``checks.ch07``).
+"""Lab checkers, one sub-module per chapter (``checks.ch01`` ... ``checks.ch08``).
 
 Each chapter module holds its lab's registry, ``LAB`` (a :class:`Lab`): every exercise
 with its title, minutes, what it needs and its checker. A checker returns a
@@ -30,7 +30,7 @@ __all__ = [
     "skip_if_not_written", "skipped", "LABS", "lab",
 ]
 #: The chapter modules that hold a lab, in order.
-LABS = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07")
+LABS = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08")
 
 
 def lab(number: int | str) -> Lab:

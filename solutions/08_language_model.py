@@ -1,0 +1,361 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lab 8 (solution): Train, shard, fit and serve the chapter-8 language model
+#
+# About 90 minutes, five exercises, on 8 simulated CPU devices (the same code runs on a
+# TPU slice):
+#
+# 1. **predict** (15 min) the parameter count and the training FLOPs per token of a
+#    model the chapter did not build; then the model is counted and XLA compiles it;
+# 2. **write** (25 min) the shardings of attention for tensor parallelism (heads on
+#    `"model"`) with FSDP on `"data"`, Adam's moments included; graded by the compiled
+#    collectives and by two training steps against one device;
+# 3. **predict** (15 min) which `jax.checkpoint` policy fits a memory budget while
+#    recomputing the least; then each policy's step is compiled and measured with
+#    `memory_analysis()`;
+# 4. **write** (25 min) the KV-cache decode step of attention, graded against a full
+#    recomputation, step after step;
+# 5. **predict** (10 min) the batch size at which decoding turns compute-bound on a v5e.
+#
+# Each exercise is followed by a check cell: pass, or a hint (the expected value only
+# through `checks.reveal("Exercise N")`). The last cell is the scorecard.
+#
+# **Predictions first.** Exercises 1, 3 and 5 are predictions: a cell after each records
+# yours (`ch08.LAB.predict(...)`), and the measurement is shown only after that. Once it
+# has been shown in this session your prediction is locked: the check grades the one you
+# recorded, not a value edited afterwards. (`tpu-course grade` re-runs the notebook and
+# grades the value in the cell.)
+#
+# and grades the value in the cell.)
+
+# %% cellView="form" jupyter={"source_hidden": true} tags=["course-setup"]
+# @title Install the course { display-mode: "form" }
+# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
+# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
+# @markdown runtime together and asks for one restart. Nothing to change: run it.
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+class SetupStop(Exception):
+    """Ends "Run all" with this message instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [str(self)]
+
+
+def setup_course(floor="0.7.2"):
+    def version(package):
+        try:
+            text = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    def installed():
+        names = {}
+        for dist in importlib.metadata.distributions():
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
+            names.setdefault(name, dist.version)
+        return names
+
+    def failure(wanted, output):
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
+                  and "See above" not in line]
+        repository = ("could not read Username|Repository not found|Authentication"
+                      " failed|not appear to be a git repository"
+                      "|Could not read from remote")
+        network = ("name resolution|Failed to establish a new connection|unreachable"
+                   "|Could not resolve host|timed out|No route to host")
+        if any(re.search(repository, line) for line in lines):
+            fix = ("the course's repository could not be read (private, moved, or a "
+                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
+        elif any(re.search(network, line) for line in lines):
+            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
+        else:
+            fix = ("read pip's error above; without a network it looks like this too "
+                   "(Kaggle: Settings > Internet on)")
+        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
+        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
+                         f"  {shown}\nFix: {fix}, then run this cell again.")
+
+    course = os.environ.get("TPU_COURSE_SPEC",
+                            "tpu-course @ git+https://github.com/tpu-course/tpu-course")
+    jax_now = version("jax")
+    upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
+    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
+        if importlib.util.find_spec("libtpu"):
+            kind = "[tpu]"
+        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
+            kind = "[cuda12]"
+        else:
+            kind = ""
+        wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
+    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
+        wanted = [f"{p}=={importlib.metadata.version(p)}"
+                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
+        wanted.append(course)
+    else:
+        return
+    before = installed() if upgrade else {}
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
+    if upgrade:
+        importlib.invalidate_caches()
+        after = installed()
+        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
+                 for p, v in sorted(after.items()) if before.get(p) != v]
+        was = ".".join(map(str, jax_now))
+        raise SetupStop(
+            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
+            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
+            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
+            "all again: the new versions load only in a fresh process, and this cell "
+            "will then install nothing.")
+
+
+setup_course()
+
+# %%
+from tpu_course import runtime
+
+runtime.simulate_devices(8)  # before anything starts JAX
+print(runtime.describe().banner())
+
+# %%
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from tpu_course import hardware, lm
+from tpu_course.checks import NotWritten, ch08
+
+ch08.LAB
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 1: predict the size and the FLOPs of a model the chapter did not build
+#
+# The chapter's model is `lm.LM(lm.LMConfig.cpu())`: token and position embeddings,
+# pre-norm blocks (attention with `wq`, `wk`, `wv` of shape (d, heads, head_dim) and `wo`
+# of (heads, head_dim, d); an MLP d -> d_ff -> d without biases; two RMSNorm scales), a
+# final norm, and an output head tied to the token embedding. Predict, for the
+# configuration below, **before** anything counts or compiles it:
+#
+# * `predicted_params`: its number of parameters;
+# * `predicted_flops_per_token`: the FLOPs of one training step (forward and backward)
+#   per token, on sequences of the full context: the 6N rule over the parameters that
+#   multiply (the position table is a lookup) plus attention's term, as in the chapter.
+#
+# The check counts the model's leaves and asks XLA's cost analysis of the compiled step
+# (tolerance 10 %: XLA also counts norms, softmax and GELU).
+
+# %%
+config = ch08.exercise1_config()
+print(config)
+
+# %%
+### BEGIN SOLUTION Exercise 1 (predict the parameters and FLOPs per token)
+d, f, L, V, T = config.d_model, config.d_ff, config.layers, config.vocab, config.context
+block = 4 * d * d + 2 * d * f + 2 * d  # attention, MLP, two norm scales
+predicted_params = V * d + T * d + L * block + d  # embeddings, blocks, final norm
+multiplying = predicted_params - T * d  # the position table is a lookup
+predicted_flops_per_token = 6 * multiplying + 12 * L * d * T  # 6N + attention
+### END SOLUTION
+
+# %%
+ch08.LAB.predict("Exercise 1", predicted_params, predicted_flops_per_token)
+
+# %% [markdown]
+# The model's own count and XLA's, shown once your prediction is recorded:
+
+# %% tags=["nbval-ignore-output"]
+if ch08.LAB.predicted("Exercise 1"):
+    print(f"parameters: {ch08.real_param_count(config):,}")
+    print(f"FLOPs per token (XLA): {ch08.xla_flops_per_token(config):,.0f}")
+    display(ch08.check_size_prediction(predicted_params, predicted_flops_per_token))
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 2: the shardings of attention for tensor parallelism
+#
+# A (4, 2) mesh: `"data"` (FSDP: each weight split over it, gathered where it is used)
+# and `"model"` (tensor parallelism: each device computes some of the heads). The check
+# owns a one-block attention model shaped like `lm.Attention`, with the tied embedding
+# (vocab, d), trained with AdamW: its state is `(params, opt_state)`.
+#
+# Write `attention_shardings(state, mesh)` returning a `NamedSharding` for **every leaf**
+# of that state: the heads axis of `wq`, `wk`, `wv` (d, heads, head_dim) and `wo`
+# (heads, head_dim, d) on `"model"`, their d axis on `"data"`, the embedding's rows (not
+# its features) on `"data"`, Adam's `mu` and `nu` like their parameters, scalars
+# replicated. The check gathers each weight over `"data"` inside the step (as the
+# chapter's FSDP cell), compiles it, reads the collectives and trains two steps beside
+# one device. The grader also runs another mesh shape and head count.
+
+# %%
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                     devices=jax.devices("cpu")[:8])
+step, state, tokens, tx = ch08.attention_problem()
+print(jax.tree.map(jnp.shape, state[0]))
+
+
+# %%
+def attention_shardings(state, mesh):
+    ### BEGIN SOLUTION Exercise 2 (shardings of attention for tensor parallelism)
+    layout = {"embed": P("data", None), "wo": P("model", None, "data")}
+    for name in ("wq", "wk", "wv"):
+        layout[name] = P("data", "model", None)
+
+    def place(path, leaf):
+        keys = [getattr(k, "key", None) for k in path]
+        name = next((k for k in keys if k in layout), None)
+        if name is None or np.ndim(leaf) == 0:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, layout[name])
+
+    return jax.tree_util.tree_map_with_path(place, state)  # params and Adam's moments
+    ### END SOLUTION
+
+
+# %%
+ch08.check_attention_shardings(attention_shardings)
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 3: a remat policy that fits the budget
+#
+# The check compiles the training step of a stack of 4 pre-norm blocks (attention and an
+# MLP, as `lm.Block`), scanned over the layers, with each block under
+# `jax.checkpoint(block, policy=...)`, for batch 8 x 64 tokens. The budget is
+# **10 MB of temporary memory** (`compiled.memory_analysis().temp_size_in_bytes`).
+#
+# Predict which policy fits the budget **and** recomputes the least (the fewest FLOPs of
+# those that fit): one of `ch08.POLICIES`, the names in `jax.checkpoint_policies`
+# (`"none"` for no remat). Think about which matmul outputs are large: the weight
+# matmuls give (batch, length, d) activations, attention's scores are (batch, heads,
+# length, length).
+
+# %%
+print(ch08.POLICIES, ch08.REMAT_SHAPE)
+
+# %%
+### BEGIN SOLUTION Exercise 3 (a remat policy that fits the budget)
+chosen_policy = "dots_with_no_batch_dims_saveable"  # keep the weight matmuls, not scores
+### END SOLUTION
+
+# %%
+ch08.LAB.predict("Exercise 3", chosen_policy)
+
+# %% [markdown]
+# Every policy compiled, once your prediction is recorded (a few seconds each):
+
+# %% tags=["nbval-ignore-output"]
+if ch08.LAB.predicted("Exercise 3"):
+    for name in ch08.POLICIES:
+        temp, flops = ch08.remat_measurement(name)
+        print(f"{name:<34} {temp / 1e6:6.1f} MB temporaries  {flops / 1e6:8.1f} MFLOPs")
+    display(ch08.check_remat_policy(chosen_policy))
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 4: the KV-cache decode step
+#
+# Write `decode_step(weights, x, cache, pos)` for one new token per sequence:
+# `weights` holds `wq`, `wk`, `wv` (d, heads, head_dim) and `wo` (heads, head_dim, d);
+# `x` is (batch, d), the new token's input; `cache = (keys, values)`, each (batch,
+# length, heads, head_dim), holds the keys and values of positions `0..pos-1` (what lies
+# beyond is stale); `pos` is an int32 that is traced under `jax.jit`. Return `(out,
+# (keys, values))`: the attention output (batch, d) of the new token, which sees
+# positions `0..pos` (itself included), and the cache with its key and value written at
+# `pos`. The check jits it, runs it from position 9 to the end feeding back the cache,
+# and compares every output with a full recomputation of causal attention. The grader
+# also runs other head counts, lengths, positions and bfloat16.
+
+# %%
+def decode_step(weights, x, cache, pos):
+    ### BEGIN SOLUTION Exercise 4 (the KV-cache decode step)
+    keys, values = cache
+    q, k, v = (jnp.einsum("bd,dhk->bhk", x, weights[n]) for n in ("wq", "wk", "wv"))
+    keys = keys.at[:, pos].set(k.astype(keys.dtype))
+    values = values.at[:, pos].set(v.astype(values.dtype))
+    scores = jnp.einsum("bhk,bthk->bht", q, keys).astype(jnp.float32)
+    scores = scores / math.sqrt(q.shape[-1])
+    visible = jnp.arange(keys.shape[1]) <= pos  # itself and the past, never the future
+    scores = jnp.where(visible[None, None, :], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    out = jnp.einsum("bht,bthk,hkd->bd", probs, values, weights["wo"])
+    return out, (keys, values)
+    ### END SOLUTION
+
+
+# %%
+ch08.check_decode_step(decode_step)
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 5: the batch where decoding turns compute-bound
+#
+# One decode step reads every weight once (bf16: 2 bytes per parameter) and each
+# sequence's KV cache (bf16 keys and values: 2 x layers x d_model numbers per cached
+# position), and does 2 FLOPs per multiplying parameter plus attention's 4 x layers x
+# d_model x t per sequence (t = position + 1 cached positions). Predict the batch size at
+# which that step reaches the ridge point of a **v5e** (bf16 peak / HBM bandwidth, from
+# `tpu_course.hardware`) for the model below at **position 15**. Beyond it, decoding is
+# compute-bound.
+
+# %%
+print(ch08.decode_config(), ch08.DECODE_CHIP, "position", ch08.DECODE_POSITION)
+print(hardware.get(ch08.DECODE_CHIP).summary())
+
+# %%
+### BEGIN SOLUTION Exercise 5 (the batch where decoding turns compute-bound)
+chip = hardware.get("v5e")
+t = 15 + 1
+weights_n = 24 * (4 * 2048**2 + 2 * 2048 * 8192 + 2 * 2048) + 256 * 2048 + 2048 * 2048 + 2048
+flops_one = 2 * (weights_n - 2048 * 2048) + 4 * 24 * 2048 * t  # position table: no FLOPs
+cache_one = 2 * 24 * 2048 * t * 2  # bytes of one sequence's keys and values
+ridge = chip.peak_bf16_flops_per_s / chip.hbm_bytes_per_s
+predicted_batch = ridge * 2 * weights_n / (flops_one - ridge * cache_one)
+### END SOLUTION
+
+# %%
+ch08.LAB.predict("Exercise 5", predicted_batch)
+
+# %% [markdown]
+# The course's roofline (`lm.decode_cost`) at batch sizes around it, once your
+# prediction is recorded:
+
+# %%
+if ch08.LAB.predicted("Exercise 5"):
+    for b in (1, 64, 256, 351, 1024):
+        cost = lm.decode_cost(ch08.decode_config(), b, ch08.DECODE_POSITION)
+        ridge_v5e = hardware.get(ch08.DECODE_CHIP).critical_intensity()
+        bound = "compute" if cost.intensity >= ridge_v5e else "memory"
+        print(f"batch {b:>5}: {cost.intensity:6.1f} FLOPs/byte, {bound}-bound")
+    display(ch08.check_ridge_batch(predicted_batch))
+
+# %% [markdown]
+# ## Scorecard
+
+# %%
+ch08.LAB.scorecard(globals())

@@ -1,0 +1,90 @@
+"""tpu_course.profiling: reading jax.profiler traces without TensorBoard."""
+
+import gzip
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tpu_course import errors, profiling
+
+
+def write_trace(directory, events, threads):
+    """A trace.json.gz in the layout jax.profiler.trace writes."""
+    run = directory / "plugins" / "profile" / "2026_01_01_00_00_00"
+    run.mkdir(parents=True)
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}}]
+    meta += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": name}}
+             for tid, name in threads.items()]
+    body = [{"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur, "name": name}
+            for tid, name, ts, dur in events]
+    with gzip.open(run / "vm.trace.json.gz", "wt") as f:
+        json.dump({"displayTimeUnit": "ns", "traceEvents": meta + body}, f)
+
+
+def test_self_time_and_categories_of_a_known_trace(tmp_path):
+    threads = {7: "python", 8: "tf_XLAExecute/1"}
+    write_trace(tmp_path, [
+        (7, "PjitFunction(step)", 0, 100),  # host, with a child of 30 us
+        (7, "ParseArguments", 10, 30),
+        (8, "fusion.12", 0, 50),  # compute, with a 20 us all-reduce inside
+        (8, "AllReduce", 20, 20),
+        (8, "all_gather.3", 60, 10),
+        (8, "reduce-scatter-start.1", 70, 5),
+        (8, "Wait: pending_threads=1/4", 80, 40),
+        (8, "end: fusion.12", 50, 0),
+    ], threads)
+    profile = profiling.read(tmp_path, steps=2)
+    by_name = {e.name: e for e in profile.events}
+    assert by_name["PjitFunction(step)"].self_us == 70
+    assert by_name["fusion.12"].self_us == 30
+    times = profile.time_by_category()
+    assert times == pytest.approx({"host": 100e-6 / 2, "compute": 30e-6 / 2,
+                                   "collectives": 35e-6 / 2, "other": 40e-6 / 2})
+    top = profile.top_ops(2)
+    assert [row[0] for row in top] == ["PjitFunction(step)", "Wait: pending_threads=1/4"]
+    assert "collectives" in str(profile) and "fusion" in profile.ops_table()
+
+
+@pytest.mark.parametrize("name,thread,process,category", [
+    ("all-reduce.7", "XLA Ops", "/device:TPU:0", "collectives"),
+    ("AllGather", "XLA Ops", "/device:TPU:0", "collectives"),
+    ("collective-permute-done", "XLA Ops", "/device:TPU:0", "collectives"),
+    ("copy-start.2", "XLA Ops", "/device:TPU:0", "compute"),
+    ("convolution_add_fusion", "tf_XLAEigen/3", "/host:CPU", "compute"),
+    ("ParseArguments", "python", "/host:CPU", "host"),
+    ("CommonPjRtLoadedExecutable::Execute (jit_step)", "tf_XLAPjRtCpuClient", "/host:CPU",
+     "other"),
+    ("ThunkExecutor::Execute (wait for completion)", "tf_XLAExecute/2", "/host:CPU", "other"),
+    ("GrpcSystemConfigTrace", "tf_profiler_thread", "/host:CPU", "other"),
+    ("$selectors.py:451 select", "python", "/host:CPU", "other"),  # waiting for input
+])
+def test_classify_by_patterns(name, thread, process, category):
+    assert profiling.classify(name, thread, process) == category
+
+
+def test_reads_a_real_trace_of_this_jax(tmp_path):
+    f = jax.jit(lambda x: jnp.tanh(x @ x).sum())
+    x = jnp.ones((128, 128))
+    f(x).block_until_ready()
+    with jax.profiler.trace(str(tmp_path)):
+        for _ in range(2):
+            f(x).block_until_ready()
+    profile = profiling.read(tmp_path, steps=2)
+    assert profile.events and profile.path.endswith(".trace.json.gz")
+    assert all(0 <= e.self_us <= e.duration_us for e in profile.events)
+    times = profile.time_by_category()
+    assert times["compute"] > 0 and times["host"] > 0
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = profile.plot()
+    assert ax.get_xlabel().startswith("milliseconds")
+
+
+def test_no_trace_is_a_course_error(tmp_path):
+    with pytest.raises(errors.CourseValueError, match="jax.profiler.trace"):
+        profiling.read(tmp_path)
+    with pytest.raises(errors.CourseValueError, match="category"):
+        profiling.Profile((), "x").top_ops(category="gpu")

@@ -1,0 +1,603 @@
+"""A small decoder-only transformer over bytes, in Flax NNX: chapter 8's language model.
+
+The model reads bytes (a vocabulary of 256: no tokenizer to download) and predicts the
+next one. It is the GPT-2 shape at toy size (Radford et al. 2019; Karpathy's nanoGPT):
+token and learned position embeddings, ``layers`` pre-norm blocks of causal multi-head
+self-attention and a two-layer MLP, each wrapped in a residual connection, a final
+RMSNorm, and an output head (logits = x @ head). The head is separate from the token
+embedding, not tied to it: its direct path embedding -> head is a full byte-to-byte
+(bigram) table from the first step, which a tied head (logits = x @ embedding.T, a
+symmetric table) cannot be.
+
+Weights are plain ``nnx.Param`` arrays used with ``jnp.einsum``, shaped so that their
+axes name what they mean: attention's query weight is ``(d_model, heads, head_dim)``,
+so "shard the heads over the model axis" is ``P(None, "model", None)``. Parameters are
+stored in float32 (the master weights the optimizer updates); each matmul runs in
+``config.compute_dtype`` (bf16 by default), and the softmax and the norms in float32.
+
+The same forward pass serves training and decoding:
+
+* ``model(tokens)``: logits for every position of ``(batch, length)`` tokens;
+* ``model.decode(tokens, cache)``: the same logits for ``tokens`` written after the
+  ``cache.length`` tokens already in the key/value cache, and the cache with them
+  added. A whole prompt at once is the *prefill*; one token at a time is *decoding*.
+
+Parameter count of ``LMConfig.cpu()`` (checked in ``tests/test_lm.py``): per block
+4 d^2 (attention) + 2 d f (MLP) + 2 d (two norm scales) = 65,536 + 131,072 + 256 =
+196,864; five blocks 984,320; token embedding 256 x 128 = 32,768; positions 128 x 128 =
+16,384; final norm 128; head 128 x 256 = 32,768: 1,066,368 in all.
+
+>>> param_count(LMConfig.cpu())
+1066368
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from tpu_course import errors, hardware
+
+VOCAB = 256  # one token per byte value
+#: what LMConfig.remat accepts: no remat, or a policy of jax.checkpoint_policies
+REMAT_POLICIES = ("none", "nothing_saveable", "dots_saveable",
+                  "dots_with_no_batch_dims_saveable", "everything_saveable")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+    """The model's shape. ``d_model`` must divide by ``heads`` (head_dim = d / heads)."""
+
+    vocab: int = VOCAB
+    d_model: int = 128
+    heads: int = 4
+    layers: int = 5
+    d_ff: int = 512  # the MLP's hidden width, 4 x d_model as in GPT-2
+    context: int = 128  # the longest sequence the position table covers
+    compute_dtype: str = "bfloat16"  # matmuls; parameters stay float32
+    # "none", or a jax.checkpoint_policies name ("nothing_saveable", "dots_saveable",
+    # ...): each block's activations are recomputed in the backward pass except what
+    # the policy saves
+    remat: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab", "d_model", "heads", "layers", "d_ff", "context"):
+            errors.check_int(name, getattr(self, name), low=1, where="LMConfig")
+        if self.d_model % self.heads:
+            raise errors.CourseValueError(
+                f"LMConfig: d_model={self.d_model} does not divide into heads="
+                f"{self.heads}; pick heads that divide d_model (head_dim = d_model / heads)")
+        errors.check_choice("compute_dtype", self.compute_dtype,
+                            ("bfloat16", "float32"), where="LMConfig")
+        errors.check_choice("remat", self.remat, REMAT_POLICIES, where="LMConfig")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    @classmethod
+    def cpu(cls, **changes: Any) -> "LMConfig":
+        """About a million parameters: trains ~100 steps in a minute on a 2-core CPU."""
+        return dataclasses.replace(cls(), **changes)
+
+    @classmethod
+    def tpu(cls, **changes: Any) -> "LMConfig":
+        """About 30 million parameters, for a v5e-8 (d 512, 8 layers, context 512)."""
+        return dataclasses.replace(
+            cls(d_model=512, heads=8, layers=8, d_ff=2048, context=512), **changes)
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every position decoded so far, one array per layer.
+
+    ``keys[i]`` and ``values[i]`` are ``(batch, context, heads, head_dim)``; positions
+    from ``length`` on are still empty (zeros) and masked out of attention.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    length: jax.Array  # int32 scalar: how many positions hold real keys
+
+
+def init_cache(config: LMConfig, batch: int, dtype: Any = jnp.float32) -> KVCache:
+    """An empty cache for ``batch`` sequences of up to ``config.context`` tokens."""
+    batch = errors.check_int("batch", batch, low=1)
+    shape = (batch, config.context, config.heads, config.head_dim)
+    empty = tuple(jnp.zeros(shape, dtype) for _ in range(config.layers))
+    return KVCache(keys=empty, values=empty, length=jnp.zeros((), jnp.int32))
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale, in float32 (Zhang and Sennrich 2019)."""
+
+    def __init__(self, d: int):
+        self.scale = nnx.Param(jnp.ones((d,), jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        rms = jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+        return (x32 / rms * self.scale[...]).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention; weights shaped (d, heads, head_dim)."""
+
+    def __init__(self, config: LMConfig, rngs: nnx.Rngs):
+        d, h, k = config.d_model, config.heads, config.head_dim
+        init = nnx.initializers.normal(stddev=d ** -0.5)
+        self.wq = nnx.Param(init(rngs.params(), (d, h, k)))
+        self.wk = nnx.Param(init(rngs.params(), (d, h, k)))
+        self.wv = nnx.Param(init(rngs.params(), (d, h, k)))
+        # the output projection starts small so each block starts near the identity
+        depth = math.sqrt(2 * config.layers)
+        self.wo = nnx.Param(init(rngs.params(), (h, k, d)) / depth)
+        self.dtype = jnp.dtype(config.compute_dtype)
+
+    def __call__(self, x: jax.Array, cache: tuple | None = None,
+                 start: jax.Array | int = 0) -> tuple[jax.Array, tuple]:
+        """x (batch, s, d) at positions start..start+s-1 -> (out, (keys, values)).
+
+        Without a cache, queries attend to the s keys of x itself. With a cache
+        ``(keys, values)`` of (batch, context, heads, head_dim), x's keys and values
+        are written at ``start`` and the queries attend to every cached position up to
+        their own.
+        """
+        dt = self.dtype
+        q = jnp.einsum("bsd,dhk->bshk", x, self.wq[...].astype(dt))
+        k = jnp.einsum("bsd,dhk->bshk", x, self.wk[...].astype(dt))
+        v = jnp.einsum("bsd,dhk->bshk", x, self.wv[...].astype(dt))
+        query_pos = start + jnp.arange(x.shape[1])
+        if cache is None:
+            keys, values = k, v
+            key_pos = jnp.arange(x.shape[1])
+        else:
+            at = (0, start, 0, 0)
+            update = jax.lax.dynamic_update_slice
+            keys = update(cache[0], k.astype(cache[0].dtype), at)
+            values = update(cache[1], v.astype(cache[1].dtype), at)
+            key_pos = jnp.arange(keys.shape[1])
+        scores = jnp.einsum("bshk,bthk->bhst", q, keys.astype(dt))
+        scores = scores.astype(jnp.float32) / math.sqrt(q.shape[-1])
+        causal = key_pos[None, :] <= query_pos[:, None]  # (s, t): no peeking ahead
+        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bhst,bthk->bshk", probs, values.astype(dt))
+        return jnp.einsum("bshk,hkd->bsd", out, self.wo[...].astype(dt)), (keys, values)
+
+
+class MLP(nnx.Module):
+    """d -> d_ff -> d with a GELU; weights (d, d_ff) and (d_ff, d)."""
+
+    def __init__(self, config: LMConfig, rngs: nnx.Rngs):
+        d, f = config.d_model, config.d_ff
+        self.w_in = nnx.Param(nnx.initializers.normal(d ** -0.5)(rngs.params(), (d, f)))
+        self.w_out = nnx.Param(nnx.initializers.normal(f ** -0.5)(rngs.params(), (f, d))
+                               / math.sqrt(2 * config.layers))
+        self.dtype = jnp.dtype(config.compute_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = jax.nn.gelu(jnp.einsum("bsd,df->bsf", x, self.w_in[...].astype(self.dtype)))
+        return jnp.einsum("bsf,fd->bsd", h, self.w_out[...].astype(self.dtype))
+
+
+class Block(nnx.Module):
+    """x + attention(norm(x)), then x + mlp(norm(x)): a pre-norm transformer block."""
+
+    def __init__(self, config: LMConfig, rngs: nnx.Rngs):
+        self.norm1 = RMSNorm(config.d_model)
+        self.attention = Attention(config, rngs)
+        self.norm2 = RMSNorm(config.d_model)
+        self.mlp = MLP(config, rngs)
+
+    def __call__(self, x: jax.Array, cache: tuple | None = None,
+                 start: jax.Array | int = 0) -> tuple[jax.Array, tuple]:
+        attended, cache = self.attention(self.norm1(x), cache, start)
+        x = x + attended
+        return x + self.mlp(self.norm2(x)), cache
+
+
+class LM(nnx.Module):
+    """The decoder-only transformer: bytes (batch, length) -> logits (batch, length,
+    256)."""
+
+    def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        d = config.d_model
+        init = nnx.initializers.normal
+        self.embed = nnx.Param(init(1.0)(rngs.params(), (config.vocab, d)))
+        self.positions = nnx.Param(init(0.5)(rngs.params(), (config.context, d)))
+        # nnx.data: a list of submodules is part of the model's state (flax >= 0.12)
+        self.blocks = nnx.data([Block(config, rngs) for _ in range(config.layers)])
+        self.norm = RMSNorm(d)
+        # a separate output head, zero at the start: every byte equally likely, 8 bits
+        self.head = nnx.Param(jnp.zeros((d, config.vocab), jnp.float32))
+
+    def _forward(self, tokens: jax.Array, caches: list | None,
+                 start: jax.Array | int) -> tuple[jax.Array, list]:
+        dt = jnp.dtype(self.config.compute_dtype)
+        positions = start + jnp.arange(tokens.shape[1])
+        x = (self.embed[...][tokens] + self.positions[...][positions]).astype(dt)
+        new_caches = []
+        for i, block in enumerate(self.blocks):
+            if caches is None and self.config.remat != "none":
+                # training: keep only what the policy saves, recompute the rest
+                policy = getattr(jax.checkpoint_policies, self.config.remat)
+                x, layer_cache = nnx.remat(Block.__call__, policy=policy)(block, x)
+            else:
+                x, layer_cache = block(x, None if caches is None else caches[i], start)
+            new_caches.append(layer_cache)
+        x = self.norm(x)
+        logits = jnp.einsum("bsd,dv->bsv", x, self.head[...].astype(dt))
+        return logits.astype(jnp.float32), new_caches
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Logits (batch, length, vocab), float32; position i sees tokens 0..i only."""
+        check_tokens(tokens, self.config, 0)
+        return self._forward(tokens, None, 0)[0]
+
+    def decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Logits for ``tokens`` placed after the cache's ``length`` tokens, and the
+        cache with their keys and values added. Equals ``model(all so far)[:, -s:]``."""
+        check_tokens(tokens, self.config, None)
+        caches = list(zip(cache.keys, cache.values))
+        logits, new = self._forward(tokens, caches, cache.length)
+        keys, values = zip(*new)
+        length = cache.length + tokens.shape[1]
+        return logits, KVCache(tuple(keys), tuple(values), length)
+
+
+def check_tokens(tokens: Any, config: LMConfig, start: int | None) -> None:
+    """A course error unless ``tokens`` is an integer (batch, length) array; with
+    ``start`` given, also unless it fits the context."""
+    shape = getattr(tokens, "shape", None)
+    dtype = getattr(tokens, "dtype", None)
+    if shape is None or len(shape) != 2 or not jnp.issubdtype(dtype, jnp.integer):
+        raise errors.CourseTypeError(
+            f"expected tokens as an integer array (batch, length), got "
+            f"{type(tokens).__name__} with shape {shape} and dtype {dtype}; add a batch "
+            "axis (tokens[None]) and pass byte values 0..255 as integers")
+    if start is not None and shape[1] > config.context:
+        raise errors.CourseValueError(
+            f"{shape[1]} tokens are longer than the model's context of {config.context}; "
+            "cut the sequence, or build the model with a longer LMConfig(context=...)")
+
+
+def generate(model: LM, prompt: Any, steps: int, *, temperature: float = 0.0,
+             seed: int = 0) -> jax.Array:
+    """``prompt`` (batch, p) bytes followed by ``steps`` new ones: (batch, p + steps).
+
+    One prefill of the prompt fills the KV cache, then each step decodes one token
+    from the cache (``lax.scan``: one compiled program). ``temperature`` 0 takes the
+    most likely byte (greedy); above 0 it samples from softmax(logits / temperature).
+    """
+    prompt = jnp.asarray(prompt)
+    if prompt.ndim == 1:
+        prompt = prompt[None]
+    steps = errors.check_int("steps", steps, low=1)
+    temperature = errors.check_number("temperature", temperature, low=0)
+    context = model.config.context
+    if prompt.shape[1] + steps > context:
+        raise errors.CourseValueError(
+            f"prompt of {prompt.shape[1]} + steps={steps} exceeds the context of {context}"
+            f"; ask for at most {context - prompt.shape[1]} steps or a shorter prompt")
+    check_tokens(prompt, model.config, 0)
+    graphdef, state = nnx.split(model)
+    return _generate(graphdef, state, prompt, jax.random.key(seed), steps, temperature)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "temperature"))
+def _generate(graphdef: Any, state: Any, prompt: jax.Array, key: jax.Array,
+              steps: int, temperature: float) -> jax.Array:
+    model = nnx.merge(graphdef, state)
+
+    def pick(logits: jax.Array, key: jax.Array) -> jax.Array:
+        if temperature == 0:
+            return jnp.argmax(logits, axis=-1).astype(prompt.dtype)
+        return jax.random.categorical(key, logits / temperature).astype(prompt.dtype)
+
+    cache = init_cache(model.config, prompt.shape[0])
+    logits, cache = model.decode(prompt, cache)
+    keys = jax.random.split(key, steps)
+    first = pick(logits[:, -1], keys[0])
+
+    def step(carry: tuple, key: jax.Array) -> tuple[tuple, jax.Array]:
+        token, cache = carry
+        logits, cache = model.decode(token[:, None], cache)
+        nxt = pick(logits[:, -1], key)
+        return (nxt, cache), token
+
+    (last, _), tokens = jax.lax.scan(step, (first, cache), keys[1:])
+    new = jnp.concatenate([tokens.T, last[:, None]], axis=1)
+    return jnp.concatenate([prompt, new], axis=1)
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def make_optimizer(steps: int, *, peak_lr: float = 3e-3,
+                   warmup_steps: int | None = None,
+                   weight_decay: float = 0.1) -> optax.GradientTransformation:
+    """AdamW on a warmup-cosine schedule, gradients clipped to global norm 1.
+
+    The learning rate rises linearly from 0 to ``peak_lr`` over ``warmup_steps``
+    (default: 10 % of ``steps``), then follows a cosine down to ``peak_lr / 10`` at
+    ``steps``. Adam's two moments are float32, like the parameters they update.
+    """
+    steps = errors.check_int("steps", steps, low=1)
+    warmup = steps // 10 if warmup_steps is None else errors.check_int(
+        "warmup_steps", warmup_steps, low=0, high=steps - 1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, peak_lr, warmup, steps, end_value=peak_lr / 10)
+    adamw = optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay)
+    return optax.chain(optax.clip_by_global_norm(1.0), adamw)
+
+
+def make_loss(graphdef: Any) -> Any:
+    """``loss(params, inputs, targets)``: mean next-byte cross-entropy, in nats."""
+
+    def loss(params: Any, inputs: jax.Array, targets: jax.Array) -> jax.Array:
+        logits = nnx.merge(graphdef, params)(inputs)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    return loss
+
+
+def make_train_step(graphdef: Any, tx: optax.GradientTransformation,
+                    accum_steps: int = 1) -> Any:
+    """``step(params, opt_state, inputs, targets) -> (params, opt_state, loss)``.
+
+    With ``accum_steps`` k > 1 the batch is cut into k micro-batches whose gradients
+    are summed one after the other (``lax.scan``: one micro-batch's activations alive
+    at a time) and averaged: the same update as the whole batch at once, for about
+    1 / k of the activation memory.
+    """
+    accum_steps = errors.check_int("accum_steps", accum_steps, low=1)
+    grad_fn = jax.value_and_grad(make_loss(graphdef))
+
+    def step(params: Any, opt_state: Any, inputs: jax.Array,
+             targets: jax.Array) -> tuple[Any, Any, jax.Array]:
+        if accum_steps == 1:
+            loss, grads = grad_fn(params, inputs, targets)
+        else:
+            micro = (accum_steps, inputs.shape[0] // accum_steps) + inputs.shape[1:]
+
+            def add(total: tuple, batch: tuple) -> tuple[tuple, None]:
+                loss, grads = grad_fn(params, *batch)
+                return jax.tree.map(jnp.add, total, (loss, grads)), None
+
+            zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+            (loss, grads), _ = jax.lax.scan(
+                add, zero, (inputs.reshape(micro), targets.reshape(micro)))
+            loss, grads = jax.tree.map(lambda g: g / accum_steps, (loss, grads))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def evaluate(graphdef: Any, params: Any, data: Any, *, batches: int = 4, batch: int = 32,
+             length: int = 128, seed: int = 1_000_003) -> float:
+    """Mean loss in bits per byte on ``batches`` fixed windows of ``data`` (held-out bytes).
+
+    The windows depend only on (data, seed): every evaluation of a run, and of any
+    other run, scores the same bytes.
+    """
+    from tpu_course import textdata
+
+    total = 0.0
+    for i in range(errors.check_int("batches", batches, low=1)):
+        inputs, targets = textdata.batch_at(data, i, batch, length, seed)
+        total += float(_eval_loss(graphdef, params, inputs, targets))
+    return textdata.bits_per_byte(total / batches)
+
+
+@functools.partial(jax.jit, static_argnums=0)  # compiled once per model structure
+def _eval_loss(graphdef: Any, params: Any, inputs: jax.Array,
+               targets: jax.Array) -> jax.Array:
+    return make_loss(graphdef)(params, inputs, targets)
+
+
+def run(config: LMConfig, steps: int, *, batch: int = 32, seed: int = 0,
+        peak_lr: float = 3e-3, checkpoint_dir: str | None = None,
+        checkpoint_every: int = 50, eval_every: int | None = None,
+        log: Any = None) -> dict:
+    """Train ``LM(config)`` on the standard-library corpus for ``steps`` steps, one device.
+
+    With ``checkpoint_dir`` it saves (parameters, optimizer state) with Orbax every
+    ``checkpoint_every`` steps and, started again, resumes from the newest save: batch k
+    is ``textdata.batch_at(train, k, ...)`` whichever process trains it, so a resumed
+    run sees the data an uninterrupted one would. ``log(record)`` gets a dict per step
+    (``{"step": k, "loss": nats}``, and ``"heldout_bpb"`` every ``eval_every`` steps).
+    Returns ``{"steps", "losses", "eval_steps", "heldout_bpb", "resumed_from"}``.
+    """
+    from tpu_course import textdata
+    from tpu_course.train import checkpoints
+
+    steps = errors.check_int("steps", steps, low=1)
+    corpus = textdata.load()
+    graphdef, params = nnx.split(LM(config, rngs=nnx.Rngs(seed)))
+    tx = make_optimizer(steps, peak_lr=peak_lr)
+    state = {"params": params, "opt_state": tx.init(params)}
+    start = 0
+    if checkpoint_dir is not None and checkpoints.latest_step(checkpoint_dir) is not None:
+        state, _ = checkpoints.restore_checkpoint(checkpoint_dir, state)
+        start = checkpoints.latest_step(checkpoint_dir)
+    train_step = jax.jit(make_train_step(graphdef, tx))
+    history: dict = {"steps": [], "losses": [], "eval_steps": [], "heldout_bpb": [],
+                     "resumed_from": start}
+    for step in range(start, steps):
+        inputs, targets = textdata.batch_at(corpus.train, step, batch, config.context, seed)
+        params, opt_state, loss = train_step(state["params"], state["opt_state"],
+                                             inputs, targets)
+        state = {"params": params, "opt_state": opt_state}
+        record = {"step": step + 1, "loss": float(loss)}
+        history["steps"].append(step + 1)
+        history["losses"].append(float(loss))
+        if eval_every and (step + 1) % eval_every == 0:
+            record["heldout_bpb"] = evaluate(graphdef, params, corpus.heldout,
+                                             batch=batch, length=config.context)
+            history["eval_steps"].append(step + 1)
+            history["heldout_bpb"].append(record["heldout_bpb"])
+        if checkpoint_dir is not None and (step + 1) % checkpoint_every == 0:
+            checkpoints.save_checkpoint(checkpoint_dir, state, {"steps": steps},
+                                        step=step + 1)
+        if log is not None:
+            log(record)
+    history["graphdef"], history["params"] = graphdef, state["params"]
+    return history
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tpu_course.lm --steps 40 --checkpoint-dir DIR``: a run that prints
+    one JSON line per step (what chapter 8 kills and resumes)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m tpu_course.lm", description=main.__doc__)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--eval-every", type=int)
+    for name in ("d_model", "heads", "layers", "d_ff", "context"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int,
+                            default=getattr(LMConfig.cpu(), name))
+    args = parser.parse_args(argv)
+    config = LMConfig(d_model=args.d_model, heads=args.heads, layers=args.layers,
+                      d_ff=args.d_ff, context=args.context)
+    run(config, args.steps, batch=args.batch, seed=args.seed,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every, log=lambda r: print(json.dumps(r), flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+# ---------------------------------------------------------------------------- counting
+
+
+def param_count(config: LMConfig) -> int:
+    """Parameters of ``LM(config)``: embeddings + blocks + final norm + head.
+
+    >>> param_count(LMConfig(d_model=8, heads=2, layers=1, d_ff=16, context=4))
+    4664
+    """
+    d, f = config.d_model, config.d_ff
+    block = 4 * d * d + 2 * d * f + 2 * d  # wq wk wv wo, w_in w_out, two norm scales
+    embeddings = config.vocab * d + config.context * d  # tokens, positions
+    return embeddings + config.layers * block + d + d * config.vocab  # norm, head
+
+
+def flops_per_token(config: LMConfig, context: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward) at sequence length ``context``.
+
+    ``6 N + 12 L d T``: the 6N rule (Kaplan et al. 2020, sec. 2.1: 2N forward, 4N
+    backward, one multiply-add per parameter) with N the parameters that multiply
+    (all but the position table, which is a lookup; the tied embedding counts once,
+    as the output head), plus attention's scores and weighted sum, 2 x 2 T d per layer
+    forward, times 3 with the backward pass, the full T x T square that the masked
+    implementation computes (PaLM, Chowdhery et al. 2022, appendix B: 6N + 12 L H Q T,
+    with H Q = d; nanoGPT's ``estimate_mfu`` uses the same formula). Norms, softmax and
+    GELU (a few FLOPs per activation) are left out: XLA's count is a few per cent
+    higher.
+
+    >>> flops_per_token(LMConfig.cpu(), 128)  # 6 x 1,017,216 + 12 x 5 x 128 x 128
+    7086336.0
+    """
+    t = config.context if context is None else errors.check_int("context", context, low=1)
+    n = param_count(config) - (config.vocab + config.context) * config.d_model
+    return float(6 * n + 12 * config.layers * config.d_model * t)
+
+
+# ------------------------------------------------------------------ the decode roofline
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCost:
+    """One decode step of ``batch`` sequences at position ``position``: FLOPs and the
+    HBM bytes it must read (every weight once, and every sequence's cached keys and
+    values)."""
+
+    batch: int
+    position: int
+    flops: float
+    weight_bytes: float
+    cache_bytes: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.cache_bytes
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte: compare with the chip's ridge point."""
+        return self.flops / self.bytes
+
+    def time_s(self, chip: hardware.Chip | str) -> float:
+        """The roofline's lower bound on one step: max(FLOPs / peak, bytes / bandwidth)."""
+        chip = hardware.as_chip(chip)
+        return max(self.flops / chip.peak_flops(), self.bytes / chip.hbm_bytes_per_s)
+
+
+def decode_cost(config: LMConfig, batch: int, position: int, *,
+                weight_bytes_per_param: float = 2, cache_bytes_per_value: float = 2
+                ) -> DecodeCost:
+    """FLOPs and bytes of one decode step (one new token per sequence).
+
+    FLOPs: ``batch x (2 N + 4 L d t)``: a multiply-add per weight that multiplies, and
+    per layer t d multiply-adds for the scores plus t d for the weighted sum over the
+    t = ``position`` + 1 cached positions (the scaling book, "All about transformer
+    inference"). Bytes: every parameter once (``weight_bytes_per_param``, 2 for bf16
+    serving weights), plus keys and values, ``2 L d`` numbers per position per sequence.
+
+    >>> c = decode_cost(LMConfig.cpu(), batch=1, position=0)
+    >>> c.flops, c.weight_bytes, c.cache_bytes
+    (2036992.0, 2132736.0, 2560.0)
+    """
+    batch = errors.check_int("batch", batch, low=1)
+    position = errors.check_int("position", position, low=0, high=config.context - 1)
+    t = position + 1
+    n = param_count(config) - (config.vocab + config.context) * config.d_model
+    flops = batch * (2 * n + 4 * config.layers * config.d_model * t)
+    cache = batch * t * 2 * config.layers * config.d_model * cache_bytes_per_value
+    return DecodeCost(batch, position, float(flops),
+                      float(param_count(config) * weight_bytes_per_param), float(cache))
+
+
+def decode_ridge_batch(config: LMConfig, chip: hardware.Chip | str, position: int, *,
+                       weight_bytes_per_param: float = 2,
+                       cache_bytes_per_value: float = 2) -> float:
+    """The batch size at which a decode step at ``position`` turns compute-bound.
+
+    Solves flops(b) / bytes(b) = the chip's ridge point I (peak bf16 / HBM bandwidth):
+    b (2N + 4 L d t) = I (W + b C) with W the weight bytes and C one sequence's cache
+    bytes, so b = I W / (2N + 4 L d t - I C). Where the cache alone keeps intensity
+    below I (the denominator <= 0), no batch makes decode compute-bound: ``inf``.
+    With bf16 weights and no cache this is about I itself (the scaling book's "batch
+    > 240 on v5e"); every cached position adds bytes at about 1 FLOP per byte, so a
+    longer cache pushes it up, and soon out of reach (the scaling book, "All about
+    transformer inference": attention in decode is memory-bound at any batch).
+
+    >>> round(decode_ridge_batch(LMConfig.cpu(), "v5e", position=0))
+    361
+    >>> decode_ridge_batch(LMConfig.cpu(), "v5e", position=63)
+    inf
+    """
+    chip = hardware.as_chip(chip)
+    one = decode_cost(config, 1, position, weight_bytes_per_param=weight_bytes_per_param,
+                      cache_bytes_per_value=cache_bytes_per_value)
+    ridge = chip.critical_intensity()
+    denominator = one.flops - ridge * one.cache_bytes
+    if denominator <= 0:
+        return math.inf
+    return ridge * one.weight_bytes / denominator

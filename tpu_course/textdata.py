@@ -1,0 +1,157 @@
+"""Text that every machine has: the Python standard library's own source, as bytes.
+
+Chapter 8's language model reads bytes (256 token values, no tokenizer to download).
+Its corpus is the ``*.py`` files of the running interpreter's standard library
+(``sysconfig.get_paths()["stdlib"]``), leaving out ``test/`` and ``tests/`` folders and
+``site-packages``, in sorted order. Its size depends on the interpreter: about 11 MB on
+CPython 3.12 and 3.13 (31.7 MB with the test suites). :func:`load` says what it read.
+
+The held-out split is by file, decided by a hash of the file's path relative to the
+standard library (SHA-256, so it is the same on every machine and every run, and a file
+never straddles the split): about 10 % of the files are held out.
+
+:func:`batch_at` gives the training batch of any step as a pure function of (data,
+step, seed): a run resumed at step k reads exactly the batches an uninterrupted run
+would, with no iterator state to save. Baselines a model must beat, in bits per byte:
+:func:`unigram_bits_per_byte` and :func:`bigram_bits_per_byte` (counts from the
+training split, add-one smoothing, scored on the held-out split).
+
+>>> round(bits_per_byte(math.log(256)), 6)  # a uniform guess over 256 bytes: 8 bits
+8.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import pathlib
+import sysconfig
+from collections.abc import Iterator
+
+import numpy as np
+
+from tpu_course import errors
+
+EXCLUDED_DIRS = ("test", "tests", "site-packages", "__pycache__")
+
+
+def stdlib_root() -> pathlib.Path:
+    """The running interpreter's standard library folder."""
+    return pathlib.Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_heldout(relative_path: str, fraction: float = 0.1) -> bool:
+    """Whether a file (its path relative to the corpus root) is in the held-out split.
+
+    >>> is_heldout("json/decoder.py"), is_heldout("json/decoder.py", fraction=1.0)
+    (False, True)
+    """
+    digest = hashlib.sha256(relative_path.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """Bytes for training and held-out evaluation, and where they came from."""
+
+    train: np.ndarray  # uint8, the training files concatenated
+    heldout: np.ndarray  # uint8, the held-out files concatenated
+    root: str
+    files_train: int
+    files_heldout: int
+
+    @property
+    def size_bytes(self) -> int:
+        return int(self.train.size + self.heldout.size)
+
+    def __str__(self) -> str:
+        return (f"{self.size_bytes / 1e6:.1f} MB of Python source from {self.root}: "
+                f"{self.files_train:,} files ({self.train.size / 1e6:.1f} MB) to train on, "
+                f"{self.files_heldout:,} ({self.heldout.size / 1e6:.1f} MB) held out")
+
+
+def load(root: str | pathlib.Path | None = None, heldout_fraction: float = 0.1) -> Corpus:
+    """Read every ``*.py`` under ``root`` (default: the standard library), split by file.
+
+    Files are read in sorted order of their relative paths and joined with a newline.
+    """
+    base = stdlib_root() if root is None else pathlib.Path(root)
+    heldout_fraction = errors.check_number("heldout_fraction", heldout_fraction, low=0,
+                                           high=1, low_open=True, high_open=True)
+    if not base.is_dir():
+        raise errors.CourseValueError(
+            f"root={str(base)!r} is not a folder; pass a folder of *.py files, or nothing "
+            "for the running interpreter's standard library")
+    paths = sorted((p.relative_to(base).as_posix(), p) for p in base.rglob("*.py")
+                   if not set(p.relative_to(base).parts[:-1]) & set(EXCLUDED_DIRS))
+    parts: dict[bool, list[bytes]] = {False: [], True: []}
+    for relative, path in paths:
+        parts[is_heldout(relative, heldout_fraction)].append(path.read_bytes())
+    if not parts[False] or not parts[True]:
+        raise errors.CourseValueError(
+            f"{base} has {len(paths)} *.py files: too few to split into training and "
+            "held-out files; pass a folder with more of them")
+
+    def join(chunks: list[bytes]) -> np.ndarray:
+        return np.frombuffer(b"\n".join(chunks), dtype=np.uint8)
+
+    return Corpus(join(parts[False]), join(parts[True]), str(base),
+                  len(parts[False]), len(parts[True]))
+
+
+def batch_at(data: np.ndarray, step: int, batch: int, length: int,
+             seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The ``step``-th batch: ``batch`` random windows of ``length + 1`` bytes.
+
+    Returns (inputs, targets), both int32 ``(batch, length)``, targets shifted by one
+    byte. The windows' offsets come from ``np.random.default_rng((seed, step))``: a pure
+    function of its arguments, so any step's batch can be rebuilt after a restart.
+    """
+    step = errors.check_int("step", step, low=0)
+    batch = errors.check_int("batch", batch, low=1)
+    length = errors.check_int("length", length, low=1)
+    data = np.asarray(data)
+    if data.ndim != 1 or data.size < length + 1:
+        raise errors.CourseValueError(
+            f"data of shape {data.shape} is too short for windows of {length + 1} bytes; "
+            "pass a 1-D byte array (Corpus.train) or a shorter length")
+    starts = np.random.default_rng((seed, step)).integers(0, data.size - length, batch)
+    windows = data[starts[:, None] + np.arange(length + 1)].astype(np.int32)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def batches(data: np.ndarray, batch: int, length: int, *, seed: int = 0,
+            start_step: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``batch_at`` for step ``start_step``, then the next step, and so on, forever."""
+    step = start_step
+    while True:
+        yield batch_at(data, step, batch, length, seed)
+        step += 1
+
+
+def bits_per_byte(loss_nats: float) -> float:
+    """A mean cross-entropy in nats per byte, in bits per byte: ``loss / ln 2``."""
+    return float(loss_nats) / math.log(2)
+
+
+def unigram_bits_per_byte(train: np.ndarray, heldout: np.ndarray) -> float:
+    """Held-out bits per byte of predicting each byte from byte frequencies alone.
+
+    >>> every_byte_once = np.arange(256, dtype=np.uint8)  # smoothed: still uniform
+    >>> unigram_bits_per_byte(every_byte_once, np.array([7, 42], np.uint8))
+    8.0
+    """
+    counts = np.bincount(np.asarray(train, np.uint8), minlength=256) + 1.0  # add-one
+    log_p = np.log2(counts / counts.sum())
+    return float(-log_p[np.asarray(heldout, np.uint8)].mean())
+
+
+def bigram_bits_per_byte(train: np.ndarray, heldout: np.ndarray) -> float:
+    """Held-out bits per byte of predicting each byte from the byte before it."""
+    train = np.asarray(train, np.int64)
+    heldout = np.asarray(heldout, np.int64)
+    pairs = np.bincount(train[:-1] * 256 + train[1:], minlength=256 * 256)
+    counts = pairs.reshape(256, 256) + 1.0  # add-one smoothing
+    log_p = np.log2(counts / counts.sum(axis=1, keepdims=True))
+    return float(-log_p[heldout[:-1], heldout[1:]].mean())
