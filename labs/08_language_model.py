@@ -161,15 +161,16 @@ ch08.LAB
 # ## Exercise 1: predict the size and the FLOPs of a model the chapter did not build
 #
 # The chapter's model is `lm.LM(lm.LMConfig.cpu())`: token and position embeddings,
-# pre-norm blocks (attention with `wq`, `wk`, `wv` of shape (d, heads, head_dim) and `wo`
-# of (heads, head_dim, d); an MLP d -> d_ff -> d without biases; two RMSNorm scales), a
-# final norm, and an output head tied to the token embedding. Predict, for the
+# pre-norm blocks (attention with `wq`, `wk`, `wv` of shape (d, heads, head_dim) and
+# `wo` of (heads, head_dim, d); an MLP d -> d_ff -> d without biases; two RMSNorm
+# scales), a final norm, and an output head (d, vocab) of its own. Predict, for the
 # configuration below, **before** anything counts or compiles it:
 #
 # * `predicted_params`: its number of parameters;
 # * `predicted_flops_per_token`: the FLOPs of one training step (forward and backward)
 #   per token, on sequences of the full context: the 6N rule over the parameters that
-#   multiply (the position table is a lookup) plus attention's term, as in the chapter.
+#   multiply (the two embedding tables are lookups) plus attention's term, as in the
+#   chapter.
 #
 # The check counts the model's leaves and asks XLA's cost analysis of the compiled step
 # (tolerance 10 %: XLA also counts norms, softmax and GELU).
@@ -211,8 +212,8 @@ if ch08.LAB.predicted("Exercise 1"):
 # owns a one-block attention model shaped like `lm.Attention`, with the tied embedding
 # (vocab, d), trained with AdamW: its state is `(params, opt_state)`.
 #
-# Write `attention_shardings(state, mesh)` returning a `NamedSharding` for **every leaf**
-# of that state: the heads axis of `wq`, `wk`, `wv` (d, heads, head_dim) and `wo`
+# Write `attention_shardings(state, mesh)` returning a `NamedSharding` for **every
+# leaf** of that state: the heads axis of `wq`, `wk`, `wv` (d, heads, head_dim) and `wo`
 # (heads, head_dim, d) on `"model"`, their d axis on `"data"`, the embedding's rows (not
 # its features) on `"data"`, Adam's `mu` and `nu` like their parameters, scalars
 # replicated. The check gathers each weight over `"data"` inside the step (as the
@@ -220,7 +221,8 @@ if ch08.LAB.predicted("Exercise 1"):
 # one device. The grader also runs another mesh shape and head count.
 
 # %%
-mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+auto = (jax.sharding.AxisType.Auto,) * 2
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=auto,
                      devices=jax.devices("cpu")[:8])
 step, state, tokens, tx = ch08.attention_problem()
 print(jax.tree.map(jnp.shape, state[0]))
@@ -300,10 +302,10 @@ ch08.check_decode_step(decode_step)
 # One decode step reads every weight once (bf16: 2 bytes per parameter) and each
 # sequence's KV cache (bf16 keys and values: 2 x layers x d_model numbers per cached
 # position), and does 2 FLOPs per multiplying parameter plus attention's 4 x layers x
-# d_model x t per sequence (t = position + 1 cached positions). Predict the batch size at
-# which that step reaches the ridge point of a **v5e** (bf16 peak / HBM bandwidth, from
-# `tpu_course.hardware`) for the model below at **position 15**. Beyond it, decoding is
-# compute-bound.
+# d_model x t per sequence (t = position + 1 cached positions). Predict the batch size
+# at which that step reaches the ridge point of a **v5e** (bf16 peak / HBM bandwidth,
+# from `tpu_course.hardware`) for the model below at **position 15**. Beyond it,
+# decoding is compute-bound.
 
 # %%
 print(ch08.decode_config(), ch08.DECODE_CHIP, "position", ch08.DECODE_POSITION)

@@ -344,10 +344,11 @@ class LM(nnx.Module):
 # **Training FLOPs per token** (forward + backward): $6N + 12LdT$. The $6N$ rule:
 # a multiply-add per parameter forward ($2N$), twice that backward (Kaplan et al. 2020,
 # sec. 2.1); $N$ leaves out the embedding tables, which are lookups, not matmuls. The
-# attention term: per layer, scores $QK^\top$ and the weighted sum $PV$ are $2 \cdot 2Td$
-# FLOPs per token forward, times 3 with the backward pass (PaLM, Chowdhery et al. 2022,
-# appendix B: $6N + 12LHQT$ with $HQ = d$; nanoGPT's `estimate_mfu` uses it). XLA counts
-# the norms, softmax and GELU too, so its figure should be a few per cent higher.
+# attention term: per layer, scores $QK^\top$ and the weighted sum $PV$ are
+# $2 \cdot 2Td$ FLOPs per token forward, times 3 with the backward pass (PaLM,
+# Chowdhery et al. 2022, appendix B: $6N + 12LHQT$ with $HQ = d$; nanoGPT's
+# `estimate_mfu` uses it). XLA counts the norms, softmax and GELU too, so its figure
+# should be a few per cent higher.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 config = LMConfig.cpu()
@@ -600,17 +601,41 @@ plt.show()
 # ## 6. Compiled for a v5e-8 without one: the collectives against the cost model
 #
 # The same train step, compiled for a `v5e:2x4` topology (a Kaggle v5e-8) where the
-# TPU compiler is installed: nothing runs, XLA's TPU backend only compiles. Every
-# collective it inserted is listed with its operand bytes per device, then timed with
-# chapter 6's cost model (`tpu_course.comms`, the scaling book's formulas: $V/W_{ici}$
-# per gather on a wrapped axis), and the step's compute time at the chip's peak.
+# TPU compiler is installed: nothing runs, XLA's TPU backend only compiles. Before
+# looking, **predict** each kind of collective from the shardings of section 5 (bytes
+# are per device, bf16 once XLA moves the cast before the collective, as chapter 6 saw):
 #
-# The **prediction** for FSDP: each weight is gathered over `data` where it is used,
-# a per-device operand of $1/8$ of it (a quarter over `data`, and half again over
-# `model` for the TP-cut ones), in bf16 once XLA moves the cast before the gather
-# (chapter 6 saw the TPU compiler do that).
+# * **all-gather** (FSDP): every weight cut over `data` is gathered where it is used,
+#   in the forward pass and again in the backward pass (the FSDP trade: the whole
+#   weight is not kept alive in between). A device sends its shard, $1/8$ of a
+#   TP-cut weight: $2 \times 2 \times$ parameters $/ 8$ bytes in all.
+# * **reduce-scatter** (FSDP): each weight's gradient, summed over `data` and cut back
+#   to the shards: the operand is the gradient on one `model` half, $2 \times$
+#   parameters $/ 2$ bytes.
+# * **all-reduce** (tensor parallelism): attention and the MLP each end in a sum over
+#   `model` of a $(B/4, T, d)$ activation, and so does each of their input gradients in
+#   the backward pass: $4L$ all-reduces of $2 \cdot (B/4) T d$ bytes.
+#
+# Then each compiled kind is timed with chapter 6's cost model (`tpu_course.comms`,
+# the scaling book's formulas: $V/W_{ici}$ per gather on a wrapped axis), beside the
+# step's compute at the chip's peak. (The TPU compiler lets one gather progress inside
+# several of the matmul fusions that follow it, a copy of the instruction in each;
+# `hlo` counts a collective once, by its `channel_id`.)
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+def devices_cutting(spec, axes=("data", "model")):
+    """How many devices of the mesh one array is cut over, on the named axes."""
+    return math.prod(mesh.shape[a] for a in jax.tree.leaves(tuple(spec)) if a in axes)
+
+
+weights = [(x.size, s.spec) for x, s in zip(jax.tree.leaves(params),
+                                            jax.tree.leaves(param_shardings))
+           if "data" in jax.tree.leaves(tuple(s.spec))]
+predicted = {
+    "all-gather": 2 * sum(2 * n / devices_cutting(s) for n, s in weights),
+    "reduce-scatter": sum(2 * n / devices_cutting(s, ("model",)) for n, s in weights),
+    "all-reduce": 4 * L * 2 * (32 // 4) * T * d,
+}
 if HAVE_TPU_COMPILER:
     topo = hlo.tpu_topology("v5e:2x4")
     tpu_mesh = jax.make_mesh((4, 2), ("data", "model"),
@@ -632,45 +657,45 @@ if HAVE_TPU_COMPILER:
     v5e_report = hlo.inspect(tpu_step, *abstract, batch, batch, target="v5e:2x4")
     print(f"[aot v5e:2x4] compiled in {time.perf_counter() - t0:.1f} s on this host")
     v5e = hardware.get("v5e")
-    rows, model_s = [], 0.0
+    print(f"  {'collective':<18} {'arrays':>6} {'predicted':>10} {'compiled':>10} "
+          f"{'cost model':>11}")
+    model_s = 0.0
     for kind, (arrays, nbytes) in sorted(v5e_report.by_kind().items()):
-        group = max(c.group_size for c in v5e_report.collectives if c.kind == kind)
         formula = comms.COLLECTIVES[kind][0]
         t = sum(formula(c.bytes, c.group_size, v5e) for c in v5e_report.collectives
                 if c.kind == kind) if formula else float("nan")
         model_s += 0 if math.isnan(t) else t
-        timed = f"{t * 1e6:7.1f} us" if formula else "no formula in comms"
-        rows.append(f"  {kind:<18} {arrays:>4} arrays {nbytes / 1e3:>9,.1f} kB "
-                    f"groups of {group}: {timed}")
-    print("\n".join(rows))
-    gathers = [c for c in v5e_report.collectives if c.kind == "all-gather"]
-    gathered = sum(c.bytes for c in gathers)
-    predicted = 2 * sum(x.size for x in jax.tree.leaves(params)) / 8
-    bf16 = sum(c.bytes for c in gathers if c.dtype == "bfloat16") / gathered
-    print(f"all-gathers: {bf16:.0%} of their bytes in bf16; compiled "
-          f"{gathered / 1e3:,.0f} kB per device\n  vs {predicted / 1e3:,.0f} kB for "
-          f"every weight once: {gathered / predicted:.1f} gathers per weight")
+        guess = f"{predicted[kind] / 1e3:,.0f} kB" if kind in predicted else "-"
+        timed = f"{t * 1e6:.1f} us" if formula else "no formula"
+        print(f"  {kind:<18} {arrays:>6} {guess:>10} {nbytes / 1e3:>7,.0f} kB "
+              f"{timed:>11}")
     compute_s = v5e_report.flops / v5e.peak_flops()
     print(f"cost model: collectives {model_s * 1e6:.0f} us vs compute at peak "
           f"{compute_s * 1e6:.0f} us per step")
     mfu_bound = compute_s / (compute_s + model_s)
     print(f"MFU if nothing overlapped: {mfu_bound:.0%} (compile-only estimate)")
 else:
+    print("predicted:", {k: f"{v / 1e3:,.0f} kB" for k, v in predicted.items()})
     print(f"[aot] skipped: {hlo.tpu_compiler_problem()}")
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# The gathers are bf16, as predicted, but the compiler gathers each weight shard
-# several times per step (the line above counts them): once for each use, in the
-# forward pass and again in the backward pass, instead of keeping the whole weight
-# alive in between (the FSDP trade: memory for ICI traffic). Remat (next section) makes
-# the same trade for activations.
+# What the compiler did, read from the program's collectives (`v5e_report.collectives`,
+# shape and group of each): the gathers and reduce-scatters are the predicted ones,
+# one gather per weight and pass, in bf16, a few per cent under the prediction (a few
+# weights gathered in the forward pass are kept for the backward pass instead of
+# gathered again; the embedding tables are looked up with small float32 gathers and a
+# `collective-permute`). The all-reduces are the $4L$ = 20 predicted activation
+# sums ($8 \times 128 \times 128$ bf16 over groups of 2, the `model` axis) plus about a
+# tenth more: the residual stream's gradient once in float32, the norms' scales (they
+# are replicated, so their gradients are summed over `data`), and scalars (the loss, the
+# gradient norm for clipping).
 #
 # At this size (a million parameters over 8 chips: 32 sequences of 128 bytes), a step
 # is microseconds of compute and the collectives' fixed costs dominate: a v5e-8 would
 # be wasted on it. The scaling book's rule for FSDP is a batch of about $C/W_{ici}$
 # tokens per chip before the gathers hide behind compute (chapter 6's
 # `comms.dp_min_tokens_per_chip`): that is what `LMConfig.tpu()` and a real batch are
-# for. MFU from a measured step needs a real TPU (section 9 prints it there).
+# for. MFU from a measured step needs a real TPU.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 print(f"v5e: FSDP wants >= {comms.dp_min_tokens_per_chip('v5e'):,.0f} tokens per chip; "

@@ -161,15 +161,16 @@ ch08.LAB
 # ## Exercise 1: predict the size and the FLOPs of a model the chapter did not build
 #
 # The chapter's model is `lm.LM(lm.LMConfig.cpu())`: token and position embeddings,
-# pre-norm blocks (attention with `wq`, `wk`, `wv` of shape (d, heads, head_dim) and `wo`
-# of (heads, head_dim, d); an MLP d -> d_ff -> d without biases; two RMSNorm scales), a
-# final norm, and an output head tied to the token embedding. Predict, for the
+# pre-norm blocks (attention with `wq`, `wk`, `wv` of shape (d, heads, head_dim) and
+# `wo` of (heads, head_dim, d); an MLP d -> d_ff -> d without biases; two RMSNorm
+# scales), a final norm, and an output head (d, vocab) of its own. Predict, for the
 # configuration below, **before** anything counts or compiles it:
 #
 # * `predicted_params`: its number of parameters;
 # * `predicted_flops_per_token`: the FLOPs of one training step (forward and backward)
 #   per token, on sequences of the full context: the 6N rule over the parameters that
-#   multiply (the position table is a lookup) plus attention's term, as in the chapter.
+#   multiply (the two embedding tables are lookups) plus attention's term, as in the
+#   chapter.
 #
 # The check counts the model's leaves and asks XLA's cost analysis of the compiled step
 # (tolerance 10 %: XLA also counts norms, softmax and GELU).
@@ -182,8 +183,8 @@ print(config)
 ### BEGIN SOLUTION Exercise 1 (predict the parameters and FLOPs per token)
 d, f, L, V, T = config.d_model, config.d_ff, config.layers, config.vocab, config.context
 block = 4 * d * d + 2 * d * f + 2 * d  # attention, MLP, two norm scales
-predicted_params = V * d + T * d + L * block + d  # embeddings, blocks, final norm
-multiplying = predicted_params - T * d  # the position table is a lookup
+predicted_params = V * d + T * d + L * block + d + d * V  # tables, blocks, norm, head
+multiplying = predicted_params - (V + T) * d  # the two tables are lookups
 predicted_flops_per_token = 6 * multiplying + 12 * L * d * T  # 6N + attention
 ### END SOLUTION
 
@@ -207,8 +208,8 @@ if ch08.LAB.predicted("Exercise 1"):
 # owns a one-block attention model shaped like `lm.Attention`, with the tied embedding
 # (vocab, d), trained with AdamW: its state is `(params, opt_state)`.
 #
-# Write `attention_shardings(state, mesh)` returning a `NamedSharding` for **every leaf**
-# of that state: the heads axis of `wq`, `wk`, `wv` (d, heads, head_dim) and `wo`
+# Write `attention_shardings(state, mesh)` returning a `NamedSharding` for **every
+# leaf** of that state: the heads axis of `wq`, `wk`, `wv` (d, heads, head_dim) and `wo`
 # (heads, head_dim, d) on `"model"`, their d axis on `"data"`, the embedding's rows (not
 # its features) on `"data"`, Adam's `mu` and `nu` like their parameters, scalars
 # replicated. The check gathers each weight over `"data"` inside the step (as the
@@ -216,7 +217,8 @@ if ch08.LAB.predicted("Exercise 1"):
 # one device. The grader also runs another mesh shape and head count.
 
 # %%
-mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+auto = (jax.sharding.AxisType.Auto,) * 2
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=auto,
                      devices=jax.devices("cpu")[:8])
 step, state, tokens, tx = ch08.attention_problem()
 print(jax.tree.map(jnp.shape, state[0]))
@@ -262,7 +264,7 @@ print(ch08.POLICIES, ch08.REMAT_SHAPE)
 
 # %%
 ### BEGIN SOLUTION Exercise 3 (a remat policy that fits the budget)
-chosen_policy = "dots_with_no_batch_dims_saveable"  # keep the weight matmuls, not scores
+chosen_policy = "dots_with_no_batch_dims_saveable"  # weight matmuls, not the scores
 ### END SOLUTION
 
 # %%
@@ -318,10 +320,10 @@ ch08.check_decode_step(decode_step)
 # One decode step reads every weight once (bf16: 2 bytes per parameter) and each
 # sequence's KV cache (bf16 keys and values: 2 x layers x d_model numbers per cached
 # position), and does 2 FLOPs per multiplying parameter plus attention's 4 x layers x
-# d_model x t per sequence (t = position + 1 cached positions). Predict the batch size at
-# which that step reaches the ridge point of a **v5e** (bf16 peak / HBM bandwidth, from
-# `tpu_course.hardware`) for the model below at **position 15**. Beyond it, decoding is
-# compute-bound.
+# d_model x t per sequence (t = position + 1 cached positions). Predict the batch size
+# at which that step reaches the ridge point of a **v5e** (bf16 peak / HBM bandwidth,
+# from `tpu_course.hardware`) for the model below at **position 15**. Beyond it,
+# decoding is compute-bound.
 
 # %%
 print(ch08.decode_config(), ch08.DECODE_CHIP, "position", ch08.DECODE_POSITION)
@@ -331,9 +333,12 @@ print(hardware.get(ch08.DECODE_CHIP).summary())
 ### BEGIN SOLUTION Exercise 5 (the batch where decoding turns compute-bound)
 chip = hardware.get("v5e")
 t = 15 + 1
-weights_n = 24 * (4 * 2048**2 + 2 * 2048 * 8192 + 2 * 2048) + 256 * 2048 + 2048 * 2048 + 2048
-flops_one = 2 * (weights_n - 2048 * 2048) + 4 * 24 * 2048 * t  # position table: no FLOPs
-cache_one = 2 * 24 * 2048 * t * 2  # bytes of one sequence's keys and values
+d, L, V, T = 2048, 24, 256, 2048  # width, layers, bytes, context
+tables = V * d + T * d  # token and position embeddings: lookups, no FLOPs
+block = 4 * d * d + 2 * d * 4 * d + 2 * d  # attention, MLP (d_ff = 4 d), norms
+weights_n = L * block + tables + d + d * V  # blocks, tables, final norm, head
+flops_one = 2 * (weights_n - tables) + 4 * L * d * t
+cache_one = 2 * L * d * t * 2  # bytes of one sequence's keys and values
 ridge = chip.peak_bf16_flops_per_s / chip.hbm_bytes_per_s
 predicted_batch = ridge * 2 * weights_n / (flops_one - ridge * cache_one)
 ### END SOLUTION

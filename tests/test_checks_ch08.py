@@ -26,23 +26,24 @@ CFG = ch08.exercise1_config()
 def _honest_size():
     # per-matrix, not per-block: every weight's shape multiplied out
     d, f, h = CFG.d_model, CFG.d_ff, CFG.heads
-    shapes = [(CFG.vocab, d), (CFG.context, d), (d,)]
+    shapes = [(CFG.vocab, d), (CFG.context, d), (d,), (d, CFG.vocab)]
     shapes += CFG.layers * [(d, h, d // h)] * 3 + CFG.layers * [(h, d // h, d), (d, f), (f, d),
                                                                (d,), (d,)]
     n = sum(math.prod(s) for s in shapes)
-    return n, 6 * (n - CFG.context * d) + 12 * CFG.layers * d * CFG.context
+    lookups = (CFG.vocab + CFG.context) * d  # the two embedding tables
+    return n, 6 * (n - lookups) + 12 * CFG.layers * d * CFG.context
 
 
 N, F = _honest_size()
 V, D, L, T = CFG.vocab, CFG.d_model, CFG.layers, CFG.context
 SIZE_MISTAKES = [
-    ("no_embedding", N - V * D, F, "token embedding"),
+    ("no_embedding", N - V * D, F, "two vocab x d_model tables"),
+    ("no_vocab_tables", N - 2 * V * D, F, "both vocab x d_model tables"),
     ("no_positions", N - T * D, F, "position table"),
     ("no_norms", N - 2 * D * L - D, F, "norms' scales"),
-    ("untied_head", N + V * D, F, "tied"),
     ("no_attention", N, F - 12 * L * D * T, "attention term"),
     ("macs", N, F / 2, "multiply-add as 1 FLOP"),
-    ("forward_only", N, 2 * (N - T * D) + 4 * L * D * T, "forward pass alone"),
+    ("forward_only", N, 2 * (N - (V + T) * D) + 4 * L * D * T, "forward pass alone"),
     ("no_head", N, F - 6 * V * D, "output head"),
     ("way_off", N, 3 * F, "6 FLOPs per multiplying parameter"),
 ]

@@ -125,6 +125,36 @@ ENTRY %main (g: f32[1024,512]) -> f32[128,512] {
     assert c.fused_in == "all-reduce-scatter" and c.group_size == 8
 
 
+def test_one_gather_spread_over_several_compute_fusions_counts_once():
+    # the TPU compiler (v5e, chapter 8's FSDP step) starts a weight's gather, then lets
+    # it progress inside the matmul fusions that follow: every fusion holds a copy of
+    # the all-gather with the same channel_id. It is one gather; a second channel is a
+    # second gather (the backward pass gathering the weight again).
+    def piece(n: int, channel: int) -> str:
+        return f"""
+%async_collective_fusion.{n} (w: bf16[32,256], x: bf16[8,128]) -> (bf16[8,128], bf16[128,256]) {{
+  %w = bf16[32,256]{{1,0}} parameter(0)
+  %x = bf16[8,128]{{1,0}} parameter(1)
+  %neg = bf16[8,128]{{1,0}} negate(%x)
+  %all-gather.{n} = bf16[128,256]{{1,0}} all-gather(%w), channel_id={channel}, replica_groups=[2,4]<=[4,2]T(1,0), dimensions={{0}}
+  ROOT %t = (bf16[8,128]{{1,0}}, bf16[128,256]{{1,0}}) tuple(%neg, %all-gather.{n})
+}}
+"""
+    text = piece(1, 20) + piece(2, 20) + piece(3, 20) + piece(4, 21) + """
+ENTRY %main (w: bf16[32,256], x: bf16[8,128]) -> bf16[8,128] {
+  %w = bf16[32,256]{1,0} parameter(0)
+  %x = bf16[8,128]{1,0} parameter(1)
+  %f1 = (bf16[8,128]{1,0}, bf16[128,256]{1,0}) fusion(%w, %x), kind=kCustom, calls=%async_collective_fusion.1
+  %f2 = (bf16[8,128]{1,0}, bf16[128,256]{1,0}) fusion(%w, %x), kind=kCustom, calls=%async_collective_fusion.2
+  %f3 = (bf16[8,128]{1,0}, bf16[128,256]{1,0}) fusion(%w, %x), kind=kCustom, calls=%async_collective_fusion.3
+  %f4 = (bf16[8,128]{1,0}, bf16[128,256]{1,0}) fusion(%w, %x), kind=kCustom, calls=%async_collective_fusion.4
+  ROOT %x2 = bf16[8,128]{1,0} negate(%x)
+}
+"""
+    got = [(c.kind, c.shape, c.result_shape, c.group_size) for c in hlo.parse_collectives(text)]
+    assert got == [("all-gather", (32, 256), (128, 256), 4)] * 2
+
+
 def test_combined_all_reduce_scatter_names_each_sliced_operand_a_reduce_scatter():
     # two gradients reduced by one combined all-reduce, each result sliced to the shard
     text = ADD_HLO + """

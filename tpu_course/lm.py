@@ -503,8 +503,8 @@ def flops_per_token(config: LMConfig, context: int | None = None) -> float:
 
     ``6 N + 12 L d T``: the 6N rule (Kaplan et al. 2020, sec. 2.1: 2N forward, 4N
     backward, one multiply-add per parameter) with N the parameters that multiply
-    (all but the position table, which is a lookup; the tied embedding counts once,
-    as the output head), plus attention's scores and weighted sum, 2 x 2 T d per layer
+    (all but the two embedding tables, token and position, which are lookups; the
+    output head multiplies), plus attention's scores and weighted sum, 2 x 2 T d per layer
     forward, times 3 with the backward pass, the full T x T square that the masked
     implementation computes (PaLM, Chowdhery et al. 2022, appendix B: 6N + 12 L H Q T,
     with H Q = d; nanoGPT's ``estimate_mfu`` uses the same formula). Norms, softmax and

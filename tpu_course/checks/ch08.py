@@ -87,13 +87,13 @@ def _size_slips(config: Any) -> list[tuple[float, str]]:
     """(parameter count, what it is) for the usual slips."""
     v, d, t, layers = config.vocab, config.d_model, config.context, config.layers
     n = real_param_count(config)
-    return [(n - v * d, "you left out the token embedding (vocab x d_model): the head is tied "
-                        "to it, but it is still a parameter"),
+    return [(n - v * d, "you left out one of the two vocab x d_model tables: the token "
+                        "embedding and the output head are separate parameters (not tied)"),
             (n - t * d, "you left out the position table (context x d_model)"),
             (n - 2 * d * layers - d, "you left out the norms' scales (two per block and the "
                                      "final one, d_model each)"),
-            (n + v * d, "you counted the output head separately: it is tied to the embedding "
-                        "(logits = x @ embed.T), one table"),
+            (n - 2 * v * d, "you left out both vocab x d_model tables (the token embedding "
+                            "and the output head)"),
             (n - v * d - t * d, "you left out both embedding tables (tokens and positions)")]
 
 
@@ -103,7 +103,7 @@ def _flops_slips(config: Any) -> list[tuple[float, str]]:
 
     d, t, layers = config.d_model, config.context, config.layers
     right = lm.flops_per_token(config, t)
-    n = lm.param_count(config) - t * d
+    n = lm.param_count(config) - (config.vocab + t) * d  # the tables are lookups
     attention = 12 * layers * d * t
     return [(right - attention, "you left out the attention term: the scores and the weighted "
                                 "sum grow with the context, 12 x layers x d_model x context "
@@ -112,10 +112,8 @@ def _flops_slips(config: Any) -> list[tuple[float, str]]:
             (2 * n + 4 * layers * d * t, "that is the forward pass alone (2N + attention): "
                                          "training adds the backward pass, twice the forward"),
             (2 * n, "that is the forward pass alone (2N), without attention"),
-            (right + 6 * t * d, "you counted the position table as multiplying parameters: "
-                                "it is a lookup, no FLOPs"),
-            (right - 6 * config.vocab * d, "you left out the output head (the tied embedding "
-                                           "multiplies every token: 6 x vocab x d_model)"),
+            (right - 6 * config.vocab * d, "you left out the output head: it multiplies "
+                                           "every token, 6 x d_model x vocab"),
             (6 * lm.param_count(config), "that is 6N with every parameter and no attention "
                                          "term")]
 
@@ -133,8 +131,8 @@ def check_size_prediction(predicted_params: Any, predicted_flops_per_token: Any
     if not close_enough(got_n, want_n, 1e-4):
         hint = next((h for v, h in _size_slips(config) if close_enough(got_n, v, 1e-4)),
                     "add it up per block (4 attention matrices d x d, the MLP's d x d_ff "
-                    "twice, two norm scales) times the layers, plus both embedding tables "
-                    "and the final norm")
+                    "twice, two norm scales) times the layers, plus both embedding tables, "
+                    "the final norm and the output head")
         refuse(EX1, f"the model has another number of parameters than your {got_n:,.0f} "
                     f"({got_n / want_n:.3f}x)", hint=hint, answer=f"{want_n:,} parameters")
     xla = xla_flops_per_token(config)
