@@ -20,8 +20,11 @@ export PYTHONHASHSEED := 0
 # Jupyter refuses to run as root (containers, many cloud VMs) without --allow-root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-# Tests, notebooks and labs run JOBS at a time (pytest-xdist; one kernel per notebook).
-JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
+# Tests, notebooks and labs run JOBS at a time (pytest-xdist; one kernel per notebook):
+# one more than the cores, since many tests and cells wait on subprocesses (the grader's
+# sandbox, multi-host ranks, doctor probes, a killed training run). On 2 cores, three
+# workers kept the CPU 148 % busy through the unit tests: 319 s against 347 s with two.
+JOBS  ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 XDIST := -n $(JOBS) --dist loadfile
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300

@@ -115,6 +115,7 @@ CHAPTER_LINES = {
     5: "Train MNIST with Flax NNX and Optax, with an input pipeline that keeps the chip fed.",
     6: "Shard a model over a mesh of devices, and check XLA's collectives against a cost model.",
     7: "Write Pallas kernels for the MXU: grids, blocks, VMEM, a tiled matmul, a fused softmax.",
+    8: "Train a byte-level transformer across 8 devices, profile it, survive a kill, serve it.",
 }
 NEEDS = {"accelerator": "a GPU or TPU", "tpu-chip": "a TPU chip",
          "tpu-compiler": "the TPU compiler (installed with the course; not on Colab's own stack)"}

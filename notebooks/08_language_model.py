@@ -562,7 +562,7 @@ mu = jax.tree.leaves(opt_state)[len(jax.tree.leaves(opt_state)) // 2]
 print(f"[sim] wq {wq.shape}: each device holds {wq.addressable_shards[0].data.shape}")
 print(f"[sim] an Adam moment {mu.shape}: split by {tuple(mu.sharding.spec)}")
 
-# %% [markdown] slideshow={"slide_type": "slide"}
+# %% [markdown] slideshow={"slide_type": "skip"}
 # ### Training: 100 steps, counted in steps
 #
 # Batch 32 x 128 bytes, peak learning rate 3e-3. The run is capped by a step count,
@@ -669,6 +669,15 @@ if HAVE_TPU_COMPILER:
         timed = f"{t * 1e6:.1f} us" if formula else "no formula"
         print(f"  {kind:<18} {arrays:>6} {guess:>10} {nbytes / 1e3:>7,.0f} kB "
               f"{timed:>11}")
+    shapes = {}  # (kind, dtype, shape on one device, group) -> [count, bytes]
+    for c in v5e_report.collectives:
+        row = shapes.setdefault((c.kind, c.dtype, c.shape, c.group_size), [0, 0])
+        row[0], row[1] = row[0] + 1, row[1] + c.bytes
+    print("the largest by bytes:")
+    for (kind, dtype, shape, group), (count, nbytes) in sorted(
+            shapes.items(), key=lambda item: -item[1][1])[:6]:
+        print(f"  {count:>3} x {kind:<15} {dtype}{list(shape)} over {group} devices: "
+              f"{nbytes / 1e3:,.0f} kB")
     compute_s = v5e_report.flops / v5e.peak_flops()
     print(f"cost model: collectives {model_s * 1e6:.0f} us vs compute at peak "
           f"{compute_s * 1e6:.0f} us per step")
@@ -681,12 +690,12 @@ else:
 # %% [markdown] slideshow={"slide_type": "skip"}
 # What the compiler did, read from the program's collectives (`v5e_report.collectives`,
 # shape and group of each): the gathers and reduce-scatters are the predicted ones,
-# one gather per weight and pass, in bf16, a few per cent under the prediction (a few
+# one gather per weight and pass, in bf16, about a tenth under the prediction (a few
 # weights gathered in the forward pass are kept for the backward pass instead of
 # gathered again; the embedding tables are looked up with small float32 gathers and a
 # `collective-permute`). The all-reduces are the $4L$ = 20 predicted activation
-# sums ($8 \times 128 \times 128$ bf16 over groups of 2, the `model` axis) plus about a
-# tenth more: the residual stream's gradient once in float32, the norms' scales (they
+# sums ($8 \times 128 \times 128$ bf16 over groups of 2, the `model` axis) plus about
+# an eighth more: the residual stream's gradient once in float32, the norms' scales (they
 # are replicated, so their gradients are summed over `data`), and scalars (the loss, the
 # gradient norm for clipping).
 #
@@ -905,7 +914,7 @@ print(f"(LMConfig.tpu(): {lm.param_count(big) / 1e6:.1f}M parameters, d={big.d_m
 # why serving systems shrink the cache: grouped-query attention (fewer key/value heads),
 # int8 caches, paged attention to pack many sequences. Measured here, on the CPU:
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 where = rt.platform.upper()
 for batch in (1, 8, 32):
     # a cache that says 64 positions are filled (their values do not change the time)
