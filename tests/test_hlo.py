@@ -148,11 +148,14 @@ ENTRY %main (w: bf16[32,256], x: bf16[8,128]) -> bf16[8,128] {
   %f2 = (bf16[8,128]{1,0}, bf16[128,256]{1,0}) fusion(%w, %x), kind=kCustom, calls=%async_collective_fusion.2
   %f3 = (bf16[8,128]{1,0}, bf16[128,256]{1,0}) fusion(%w, %x), kind=kCustom, calls=%async_collective_fusion.3
   %f4 = (bf16[8,128]{1,0}, bf16[128,256]{1,0}) fusion(%w, %x), kind=kCustom, calls=%async_collective_fusion.4
-  ROOT %x2 = bf16[8,128]{1,0} negate(%x)
+  %p1 = bf16[8,128]{1,0} collective-permute(%x), channel_id=30, source_target_pairs={{0,1},{1,0}}
+  ROOT %p2 = bf16[8,128]{1,0} collective-permute(%p1), channel_id=30, source_target_pairs={{0,1},{1,0}}
 }
 """
     got = [(c.kind, c.shape, c.result_shape, c.group_size) for c in hlo.parse_collectives(text)]
-    assert got == [("all-gather", (32, 256), (128, 256), 4)] * 2
+    # outside fusions a channel may repeat (the CPU backend's unrolled ring): each counts
+    assert got == ([("all-gather", (32, 256), (128, 256), 4)] * 2
+                   + [("collective-permute", (8, 128), (8, 128), 1)] * 2)
 
 
 def test_combined_all_reduce_scatter_names_each_sliced_operand_a_reduce_scatter():

@@ -319,20 +319,21 @@ def parse_collectives(text: str) -> list[Collective]:
                                                                       "async-collective-done"))
                    for target in re.findall(r"\bcalls=%?([\w.\-]+)", ins.attributes)}
     # It also lets one gather progress across several compute fusions (each an
-    # async_collective_fusion.N holding a matmul and a copy of the gather). Every copy
-    # keeps the collective's channel_id, which is unique to one collective of the
-    # partitioned program: count each channel once.
-    channels: set[tuple[str, str]] = set()
+    # async_collective_fusion.N holding a matmul and a copy of the gather), every copy
+    # with the collective's channel_id: inside fusions, count each channel once.
+    # (Outside fusions a channel_id may repeat: the CPU backend gives the unrolled
+    # steps of a ring, distinct collectives, one channel.)
+    fused_channels: set[tuple[str, str]] = set()
     out: list[Collective] = []
     for ins in module.instructions:
         kind, is_async = _collective_kind(ins.opcode)
         if kind is None or ins.computation in async_parts:
             continue
         channel = re.search(r"\bchannel_id=(\d+)", ins.attributes)
-        if channel:
-            if (kind, channel.group(1)) in channels:
+        if channel and ins.computation in module.fused:
+            if (kind, channel.group(1)) in fused_channels:
                 continue
-            channels.add((kind, channel.group(1)))
+            fused_channels.add((kind, channel.group(1)))
         fused_in = ins.computation if ins.computation in module.fused else None
         slices = _scatter_slices(module, ins) if kind == "all-reduce" and fused_in else None
         if slices is not None:
