@@ -1,5 +1,6 @@
 """tpu_course.textdata: the standard-library corpus, its split, batches and baselines."""
 
+import hashlib
 import math
 
 import numpy as np
@@ -85,3 +86,40 @@ def test_bad_input_gets_a_course_error(tmp_path):
         textdata.batch_at(np.zeros(5, np.uint8), 0, 2, 16)
     with pytest.raises(errors.CourseTypeError):
         textdata.batch_at(np.zeros(50, np.uint8), 1.5, 2, 16)
+
+
+# -- download: a public text, checksummed and cached (a file:// URL stands in for the web)
+
+def _text_file(tmp_path):
+    path = tmp_path / "source.txt"
+    path.write_bytes(b"To be, or not to be, that is the question.\n" * 50)
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_download_checks_caches_and_holds_out_the_tail(tmp_path):
+    path, digest = _text_file(tmp_path)
+    corpus = textdata.download("hamlet", url=path.as_uri(), sha256=digest,
+                               cache_dir=tmp_path / "cache")
+    whole = path.read_bytes()
+    assert corpus.size_bytes == len(whole) and corpus.split == "tail"
+    assert bytes(corpus.train) + bytes(corpus.heldout) == whole
+    assert corpus.heldout.size == round(0.1 * len(whole))
+    assert "the last" in str(corpus) and "hamlet" in str(corpus)
+    path.unlink()  # the cached copy is read, not the source
+    again = textdata.download("hamlet", url=path.as_uri(), sha256=digest,
+                              cache_dir=tmp_path / "cache")
+    assert bytes(again.heldout) == bytes(corpus.heldout)
+
+
+def test_download_refuses_a_wrong_checksum_and_a_missing_network(tmp_path):
+    path, digest = _text_file(tmp_path)
+    with pytest.raises(errors.CourseValueError, match="SHA-256 .* nothing was saved"):
+        textdata.download("hamlet", url=path.as_uri(), sha256="0" * 64,
+                          cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "text" / "hamlet.txt").exists()
+    with pytest.raises(errors.CourseValueError, match="without internet use textdata.load"):
+        textdata.download("hamlet", url=(tmp_path / "absent.txt").as_uri(), sha256=digest,
+                          cache_dir=tmp_path / "cache")
+    with pytest.raises(errors.CourseValueError, match="tinyshakespeare"):
+        textdata.download("shakespeare")  # not a known name: the known ones are listed
+    assert set(textdata.PUBLIC_TEXTS) == {"tinyshakespeare"}

@@ -16,6 +16,10 @@ would, with no iterator state to save. Baselines a model must beat, in bits per 
 :func:`unigram_bits_per_byte` and :func:`bigram_bits_per_byte` (counts from the
 training split, add-one smoothing, scored on the held-out split).
 
+Where the runtime has internet, :func:`download` fetches a public text instead (Tiny
+Shakespeare, Karpathy's char-rnn, 1.1 MB), checks its SHA-256, caches it
+(``TPU_COURSE_CACHE``, as :mod:`tpu_course.data`) and holds out its last 10 %.
+
 >>> round(bits_per_byte(math.log(256)), 6)  # a uniform guess over 256 bytes: 8 bits
 8.0
 """
@@ -25,8 +29,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 import pathlib
 import sysconfig
+import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
@@ -61,12 +67,19 @@ class Corpus:
     files_train: int
     files_heldout: int
 
+    kind: str = "Python source"  # what the bytes are
+    split: str = "by file"  # or "tail": one text, its last bytes held out
+
     @property
     def size_bytes(self) -> int:
         return int(self.train.size + self.heldout.size)
 
     def __str__(self) -> str:
-        return (f"{self.size_bytes / 1e6:.1f} MB of Python source from {self.root}: "
+        if self.split == "tail":
+            return (f"{self.size_bytes / 1e6:.1f} MB of {self.kind} from {self.root}: the "
+                    f"first {self.train.size / 1e6:.2f} MB to train on, the last "
+                    f"{self.heldout.size / 1e6:.2f} MB held out")
+        return (f"{self.size_bytes / 1e6:.1f} MB of {self.kind} from {self.root}: "
                 f"{self.files_train:,} files ({self.train.size / 1e6:.1f} MB) to train on, "
                 f"{self.files_heldout:,} ({self.heldout.size / 1e6:.1f} MB) held out")
 
@@ -98,6 +111,63 @@ def load(root: str | pathlib.Path | None = None, heldout_fraction: float = 0.1) 
 
     return Corpus(join(parts[False]), join(parts[True]), str(base),
                   len(parts[False]), len(parts[True]))
+
+
+#: Public texts :func:`download` knows: name -> (url, SHA-256 of the file, what it is).
+PUBLIC_TEXTS = {
+    "tinyshakespeare": (
+        "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
+        "input.txt",
+        # 1,115,394 bytes, unchanged since the commit that added it (char-rnn 370cbcd, 2015)
+        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        "Tiny Shakespeare (Karpathy's char-rnn)"),
+}
+
+
+def download(name: str = "tinyshakespeare", *, heldout_fraction: float = 0.1,
+             cache_dir: str | pathlib.Path | None = None, url: str | None = None,
+             sha256: str | None = None, timeout_s: float = 30.0) -> Corpus:
+    """A public text as a :class:`Corpus`: its last ``heldout_fraction`` held out.
+
+    Reads the cached copy when its SHA-256 is right, else downloads it (``url`` and
+    ``sha256`` override the known text's, for a mirror or another text) and checks it.
+    Needs internet once; :func:`load` never does.
+    """
+    if url is None or sha256 is None:
+        errors.check_choice("name", name, tuple(PUBLIC_TEXTS), where="textdata.download")
+        known_url, known_sha, kind = PUBLIC_TEXTS[name]
+        url, sha256 = url or known_url, sha256 or known_sha
+    else:
+        kind = name
+    heldout_fraction = errors.check_number("heldout_fraction", heldout_fraction, low=0,
+                                           high=1, low_open=True, high_open=True)
+    folder = pathlib.Path(cache_dir or os.environ.get(
+        "TPU_COURSE_CACHE", pathlib.Path.home() / ".cache" / "tpu_course")) / "text"
+    path = folder / f"{name}.txt"
+    blob = path.read_bytes() if path.is_file() else b""
+    if hashlib.sha256(blob).hexdigest() != sha256:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                blob = response.read()
+        except (OSError, ValueError) as err:
+            raise errors.CourseValueError(
+                f"could not download {name} from {url} ({type(err).__name__}: {err}); "
+                "without internet use textdata.load(), the standard library's source "
+                f"(Kaggle: Settings > Internet on), or put the file at {path}") from None
+        found = hashlib.sha256(blob).hexdigest()
+        if found != sha256:
+            raise errors.CourseValueError(
+                f"{url} gave {len(blob):,} bytes with SHA-256 {found}, not {sha256}: "
+                "a changed or damaged file; nothing was saved. Try again, or pass "
+                "url= a mirror of the same file")
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blob)
+    data = np.frombuffer(blob, dtype=np.uint8)
+    cut = int(round(data.size * (1 - heldout_fraction)))
+    if not 0 < cut < data.size:
+        raise errors.CourseValueError(
+            f"{name} has {data.size} bytes: too few to hold out {heldout_fraction:.0%}")
+    return Corpus(data[:cut], data[cut:], url, 1, 1, kind, "tail")
 
 
 def batch_at(data: np.ndarray, step: int, batch: int, length: int,
