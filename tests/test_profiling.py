@@ -54,6 +54,10 @@ def test_self_time_and_categories_of_a_known_trace(tmp_path):
     ("copy-start.2", "XLA Ops", "/device:TPU:0", "compute"),
     ("convolution_add_fusion", "tf_XLAEigen/3", "/host:CPU", "compute"),
     ("ParseArguments", "python", "/host:CPU", "host"),
+    # jax 0.7.2's CPU client runs a program's ops on its client threads at times
+    ("dot_general.1", "tf_XLAPjRtCpuClient/-7317782526851094055", "/host:CPU", "compute"),
+    ("reduce-window", "tf_XLAPjRtCpuClient/12", "/host:CPU", "compute"),
+    ("PjitFunction(<lambda>)", "python", "/host:CPU", "host"),
     ("CommonPjRtLoadedExecutable::Execute (jit_step)", "tf_XLAPjRtCpuClient", "/host:CPU",
      "other"),
     ("ThunkExecutor::Execute (wait for completion)", "tf_XLAExecute/2", "/host:CPU", "other"),

@@ -11,8 +11,9 @@ minus the events nested inside it on the same thread) and a category:
 
 * ``collectives``: names of the collectives in :data:`tpu_course.comms.COLLECTIVES`
   (``all-reduce``, ``AllReduce``, ``all_reduce`` alike) and their rendezvous;
-* ``compute``: the other work on a device, or on XLA's executor threads (fusions,
-  dots, copies);
+* ``compute``: the other work on a device, XLA's ops on any thread (fusions, dots,
+  copies: jax 0.7.2's CPU client runs them on its own client threads at times), and
+  what runs on XLA's executor threads;
 * ``host``: the Python thread and the runtime's client threads (dispatch, argument
   handling, buffer bookkeeping);
 * ``other``: waits, thread-pool bookkeeping, launch spans that wrap device work, and
@@ -59,6 +60,9 @@ _LAUNCH = re.compile(r"execut(e|able)|launch", re.IGNORECASE)
 _HOST_THREAD = re.compile(r"python|main|pjrt|client|host", re.IGNORECASE)
 _DEVICE = re.compile(r"/device:|tpu|gpu", re.IGNORECASE)
 _EXECUTOR = re.compile(r"xla|eigen|ops|stream|compute|device", re.IGNORECASE)
+# an HLO instruction's name ("dot_general.1", "fusion.12", "reduce-window"): lower case,
+# where the runtime's own regions are CamelCase ("ParseArguments", "PjitFunction(f)")
+_HLO_OP = re.compile(r"[a-z][a-z0-9_\-]*(\.[0-9]+)*")
 
 
 def classify(name: str, thread: str, process: str) -> str:
@@ -67,8 +71,8 @@ def classify(name: str, thread: str, process: str) -> str:
         return "collectives"
     if _WAIT.search(name):
         return "other"
-    if _DEVICE.search(process):
-        return "compute"
+    if _DEVICE.search(process) or _HLO_OP.fullmatch(name):
+        return "compute"  # on a device, or an op run by whichever thread the runtime chose
     if name.startswith("$") or _HOST_THREAD.search(thread):
         return "other" if _LAUNCH.search(name) else "host"
     return "compute" if _EXECUTOR.search(thread) else "other"
