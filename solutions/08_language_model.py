@@ -146,6 +146,7 @@ print(runtime.describe().banner())
 
 # %%
 import math
+import pprint
 
 import jax
 import jax.numpy as jnp
@@ -177,7 +178,7 @@ ch08.LAB
 
 # %%
 config = ch08.exercise1_config()
-print(config)
+pprint.pp(config, width=88)
 
 # %%
 ### BEGIN SOLUTION Exercise 1 (predict the parameters and FLOPs per token)
@@ -221,7 +222,7 @@ auto = (jax.sharding.AxisType.Auto,) * 2
 mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=auto,
                      devices=jax.devices("cpu")[:8])
 step, state, tokens, tx = ch08.attention_problem()
-print(jax.tree.map(jnp.shape, state[0]))
+pprint.pp(jax.tree.map(jnp.shape, state[0]), width=88)
 
 
 # %%
@@ -260,7 +261,8 @@ ch08.check_attention_shardings(attention_shardings)
 # length, length).
 
 # %%
-print(ch08.POLICIES, ch08.REMAT_SHAPE)
+pprint.pp(ch08.POLICIES, width=88)
+print("layers, batch, length, d_model, d_ff, heads:", ch08.REMAT_SHAPE)
 
 # %%
 ### BEGIN SOLUTION Exercise 3 (a remat policy that fits the budget)
@@ -326,7 +328,8 @@ ch08.check_decode_step(decode_step)
 # decoding is compute-bound.
 
 # %%
-print(ch08.decode_config(), ch08.DECODE_CHIP, "position", ch08.DECODE_POSITION)
+pprint.pp(ch08.decode_config(), width=88)
+print(ch08.DECODE_CHIP, "at position", ch08.DECODE_POSITION)
 print(hardware.get(ch08.DECODE_CHIP).summary())
 
 # %%

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from tpu_course.checks._answers import ch08 as _ref
@@ -745,7 +745,3 @@ def check_ridge_batch(predicted_batch: Any) -> CheckResult:
                 "with I the chip's bf16 peak / HBM bandwidth and t = position + 1",
            answer=f"{want:,.1f}")
 
-
-def answer_names() -> Sequence[str]:
-    """The learner's names the lab grades, in order."""
-    return [n for e in LAB.exercises for n in e.names]

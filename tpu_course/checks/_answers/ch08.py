@@ -58,13 +58,6 @@ def decode_flops_per_token(params: float, layers: int, d_model: int, context: in
     return 2 * params + 4 * layers * context * d_model
 
 
-def decode_bytes(params: float, layers: int, d_model: int, context: int, batch: int,
-                 weight_bytes: int = 2, cache_bytes: int = 2) -> float:
-    """HBM bytes one decode step reads: every weight once (bf16), and each sequence's KV
-    cache: K and V, ``layers x context x d_model`` each (bf16)."""
-    return params * weight_bytes + batch * 2 * layers * context * d_model * cache_bytes
-
-
 def compute_bound_batch(chip: str, params: float, layers: int, d_model: int, context: int,
                         weight_bytes: int = 2, cache_bytes: int = 2) -> float:
     """Exercise 5: the smallest decode batch whose FLOPs per byte reach the chip's ridge
