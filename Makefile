@@ -65,7 +65,16 @@ doctor: setup
 preflight: setup
 	$(PY) -m tpu_course preflight $(PREFLIGHT_ARGS)
 
-test: test-unit test-site test-notebooks test-labs test-colab
+# The site's build (Sphinx: one process) and browser test mostly leave a core idle, so
+# they run beside the unit tests; their output follows the unit tests' in the log.
+test:
+	@mkdir -p build
+	@$(MAKE) --no-print-directory test-site > build/test-site.log 2>&1 & site=$$!; \
+	$(MAKE) --no-print-directory test-unit; unit=$$?; \
+	wait $$site; status=$$?; \
+	echo "make test-site (beside the unit tests):"; cat build/test-site.log; \
+	[ $$unit -eq 0 ] && [ $$status -eq 0 ]
+	@$(MAKE) --no-print-directory test-notebooks test-labs test-colab
 
 # Deprecation and future warnings fail the tests and the notebook kernels
 # (tpu_course/warnings_policy.py; conftest.py sets the same for a bare pytest).
