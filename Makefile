@@ -28,6 +28,12 @@ JOBS  ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 XDIST := -n $(JOBS) --dist loadfile
 
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
+# The chapters, longest first (pytest-xdist hands out files in this order, so the long
+# ones do not start last and run alone at the end), then the solutions.
+LONGEST    := notebooks/08_language_model.ipynb notebooks/05_first_model.ipynb \
+              notebooks/07_pallas_kernels.ipynb notebooks/06_scaling_out.ipynb
+CHAPTERS   := $(LONGEST) $(filter-out $(LONGEST),$(wildcard notebooks/*.ipynb))
+SOLUTIONS  := $(wildcard solutions/*.ipynb)
 
 .PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab test-site site slides labs sync notebooks bench doctor preflight clean
 
@@ -93,19 +99,21 @@ test-unit: setup
 	$(PY) -m tools.notebooks check
 
 test-notebooks: setup
-	$(PY) -m pytest -q $(XDIST) $(NBVAL) notebooks/*.ipynb solutions/*.ipynb
+	$(PY) -m pytest -q $(XDIST) $(NBVAL) $(CHAPTERS) $(SOLUTIONS)
 
 test-labs: setup
 	$(PY) -m tools.notebooks run-labs --jobs $(JOBS)
 
-# The Colab line: unit tests, then every notebook and solution executed; their outputs are
-# compared loosely (--nbval-lax: a cell may not raise, its text may differ, since versions
-# print differently), then the unsolved labs to their scorecards.
-# Tests marked stack_independent (authoring tools, the grader's process handling, pure
-# numpy models) ran on the newest line already.
+# The Colab line: unit tests, then every chapter executed; their outputs are compared
+# loosely (--nbval-lax: a cell may not raise, its text may differ, since versions print
+# differently), then the unsolved labs to their scorecards. Tests marked
+# stack_independent (authoring tools, the grader's process handling, pure numpy models)
+# ran on the newest line already. The solutions run on the newest line; here the unit
+# tests grade honest answers and every typical mistake through each lab's checkers, and
+# the unsolved labs run every other cell of theirs.
 test-colab: setup-colab
 	$(PY_COLAB) -m pytest -q -ra $(XDIST) -m "not site and not stack_independent" tests tpu_course tools
-	$(PY_COLAB) -m pytest -q $(XDIST) --nbval-lax --nbval-cell-timeout=300 notebooks/*.ipynb solutions/*.ipynb
+	$(PY_COLAB) -m pytest -q $(XDIST) --nbval-lax --nbval-cell-timeout=300 $(CHAPTERS)
 	$(PY_COLAB) -m tools.notebooks run-labs --jobs $(JOBS)
 
 # The website from the committed notebooks (never executed here), warnings as errors,

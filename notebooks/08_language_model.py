@@ -778,17 +778,17 @@ plt.show()
 # Spot TPUs are cheaper because they can be taken away mid-run. A real training
 # process (`python -m tpu_course.lm`, the same model and recipe on one device at a
 # small size) saves its parameters and optimizer state with Orbax every 10 steps.
-# Below it is **killed with SIGKILL** once it has logged step 25 (no clean-up runs,
-# like a preempted VM), then started again: it restores the newest save (step 20) and
-# goes on to step 40. The batch of step $k$ is a pure function of $k$
+# Below it is **killed with SIGKILL** once it has logged step 15 (no clean-up runs,
+# like a preempted VM), then started again: it restores the newest save (step 10) and
+# goes on to step 30. The batch of step $k$ is a pure function of $k$
 # (`textdata.batch_at`), so the resumed run reads the data an uninterrupted run would.
-# The check: steps 21-25 ran in both processes, from the same state and the same data,
+# The check: steps 11-15 ran in both processes, from the same state and the same data,
 # so their losses must be equal, bit for bit.
 
 # %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 tiny = dict(d_model=64, heads=2, layers=2, d_ff=128, context=64)
 ckpt_dir = tempfile.mkdtemp(prefix="ch8-ckpt-")
-command = [sys.executable, "-m", "tpu_course.lm", "--steps", "40", "--batch", "8",
+command = [sys.executable, "-m", "tpu_course.lm", "--steps", "30", "--batch", "8",
            "--checkpoint-dir", ckpt_dir, "--checkpoint-every", "10"]
 command += [f"--{k.replace('_', '-')}={v}" for k, v in tiny.items()]
 env = runtime.cpu_subprocess_env(1)
@@ -810,7 +810,7 @@ def launch(kill_after=None):
     return logged
 
 
-first = launch(kill_after=25)
+first = launch(kill_after=15)
 second = launch()
 
 # %% slideshow={"slide_type": "subslide"}
@@ -827,7 +827,7 @@ ax.legend()
 plt.show()
 
 # %% [markdown] slideshow={"slide_type": "skip"}
-# The work since the last save (steps 21-25) is what a preemption costs, so
+# The work since the last save (steps 11-15) is what a preemption costs, so
 # the save interval trades that loss against the time a save blocks (issue 28 measured
 # 0.2-0.25 s per async save: every 50 steps cost 1.5-4 % of this run's time).
 
