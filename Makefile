@@ -69,38 +69,42 @@ doctor: setup
 preflight: setup
 	$(PY) -m tpu_course preflight $(PREFLIGHT_ARGS)
 
-# The site's build (Sphinx: one process) and browser test run beside the unit tests;
-# their log, each line with its seconds, follows the unit tests'.
+# The two lines run side by side, and the site's build and browser test beside the unit
+# tests: each alone left a quarter of the CPU idle or more (tests waiting on
+# subprocesses, the last long notebook running alone, Sphinx on one core). The Colab
+# line's and the site's logs, each line with its own seconds, follow the newest line's.
 test:
 	@mkdir -p build
 	@start=$$(date +%s); \
+	( $(MAKE) --no-print-directory test-colab 2>&1 | while IFS= read -r line; do \
+	    printf '[colab %4d s] %s\n' "$$(( $$(date +%s) - start ))" "$$line"; \
+	  done > build/test-colab.log; exit $${PIPESTATUS[0]} ) & colab=$$!; \
 	( $(MAKE) --no-print-directory test-site 2>&1 | while IFS= read -r line; do \
 	    printf '[site %4d s] %s\n' "$$(( $$(date +%s) - start ))" "$$line"; \
 	  done > build/test-site.log; exit $${PIPESTATUS[0]} ) & site=$$!; \
-	$(MAKE) --no-print-directory test-unit; unit=$$?; \
+	newest=1; $(MAKE) --no-print-directory test-unit \
+	  && $(MAKE) --no-print-directory test-notebooks test-labs && newest=0; \
 	wait $$site; site_rc=$$?; echo "make test-site (beside the unit tests):"; \
-	cat build/test-site.log; [ $$unit -eq 0 ] && [ $$site_rc -eq 0 ]
-	@$(MAKE) --no-print-directory test-notebooks test-labs test-colab
-
-# The unit tests compile hundreds of small programs and run each briefly: LLVM's
-# optimisations in XLA's CPU backend cost a third of their CPU time for nothing there
-# (chapter 8's tests: 106 -> 73 CPU-s at -O0). The notebooks keep the default.
-UNIT_XLA_FLAGS := --xla_backend_optimization_level=0
+	cat build/test-site.log; \
+	wait $$colab; colab_rc=$$?; echo "make test-colab (beside the newest line):"; \
+	cat build/test-colab.log; \
+	echo "newest line: $$newest, site: $$site_rc, Colab line: $$colab_rc (0 = passed)"; \
+	[ $$newest -eq 0 ] && [ $$site_rc -eq 0 ] && [ $$colab_rc -eq 0 ]
 
 # Deprecation and future warnings fail the tests and the notebook kernels
 # (tpu_course/warnings_policy.py; conftest.py sets the same for a bare pytest).
 test-unit test-notebooks test-labs test-colab: export TPU_COURSE_STRICT_WARNINGS := 1
 
-# One persistent JAX compilation cache per line: a program compiled once is read back,
-# not compiled again, by later tests, notebooks and labs compiled with the same XLA flags
-# (compiling is about half of a notebook's time on a CPU). (make clean empties it.)
+# One persistent JAX compilation cache per line: a program the unit tests compiled is
+# read back, not compiled again, by the notebooks and labs that run it later (compiling
+# is about half of their time on a CPU). (make clean empties build/jax-cache).
 test-unit test-notebooks test-labs: export JAX_COMPILATION_CACHE_DIR := $(CURDIR)/build/jax-cache/newest
 test-colab: export JAX_COMPILATION_CACHE_DIR := $(CURDIR)/build/jax-cache/colab
 test-unit test-notebooks test-labs test-colab: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS := 0.2
 
 test-unit: setup
 	$(PY) -m ruff check .
-	XLA_FLAGS="$(UNIT_XLA_FLAGS) $$XLA_FLAGS" $(PY) -m pytest -q -ra $(XDIST) tests tpu_course tools
+	$(PY) -m pytest -q -ra $(XDIST) tests tpu_course tools
 	$(PY) -m tools.notebooks check
 
 test-notebooks: setup
@@ -117,8 +121,7 @@ test-labs: setup
 # tests grade honest answers and every typical mistake through each lab's checkers, and
 # the unsolved labs run every other cell of theirs.
 test-colab: setup-colab
-	XLA_FLAGS="$(UNIT_XLA_FLAGS) $$XLA_FLAGS" $(PY_COLAB) -m pytest -q -ra $(XDIST) \
-	  -m "not site and not stack_independent" tests tpu_course tools
+	$(PY_COLAB) -m pytest -q -ra $(XDIST) -m "not site and not stack_independent" tests tpu_course tools
 	$(PY_COLAB) -m pytest -q $(XDIST) --nbval-lax --nbval-cell-timeout=300 $(CHAPTERS)
 	$(PY_COLAB) -m tools.notebooks run-labs --jobs $(JOBS)
 
