@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import os
 import pathlib
 import sysconfig
 import urllib.request
@@ -38,6 +37,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tpu_course import errors
+from tpu_course.data import _cache_dir as data_cache_dir  # one cache for all course data
 
 EXCLUDED_DIRS = ("test", "tests", "site-packages", "__pycache__")
 
@@ -141,8 +141,7 @@ def download(name: str = "tinyshakespeare", *, heldout_fraction: float = 0.1,
         kind = name
     heldout_fraction = errors.check_number("heldout_fraction", heldout_fraction, low=0,
                                            high=1, low_open=True, high_open=True)
-    folder = pathlib.Path(cache_dir or os.environ.get(
-        "TPU_COURSE_CACHE", pathlib.Path.home() / ".cache" / "tpu_course")) / "text"
+    folder = pathlib.Path(cache_dir or data_cache_dir()) / "text"
     path = folder / f"{name}.txt"
     blob = path.read_bytes() if path.is_file() else b""
     if hashlib.sha256(blob).hexdigest() != sha256:
