@@ -14,7 +14,7 @@ args=(-e ".[$extras]" "$@")
 # uv (from PyPI) downloads and unpacks in parallel: about 10 s for a set pip takes minutes
 # over. Where uv cannot be had or fails, pip does the same install.
 if "$venv/bin/python" -m pip install -q uv \
-   && "$venv/bin/python" -m uv pip install -q --python "$venv/bin/python" "${args[@]}"; then
+   && "$venv/bin/python" -m uv pip install -q --compile-bytecode --python "$venv/bin/python" "${args[@]}"; then
   echo "installed with uv $("$venv/bin/python" -m uv --version | cut -d' ' -f2)"
 else
   echo "uv unavailable or failed: installing with pip"
