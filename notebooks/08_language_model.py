@@ -672,13 +672,9 @@ if HAVE_TPU_COMPILER:
         timed = f"{t * 1e6:.1f} us" if formula else "no formula"
         print(f"  {kind:<18} {arrays:>6} {guess:>10} {nbytes / 1e3:>7,.0f} kB "
               f"{timed:>11}")
-    shapes = {}  # (kind, dtype, shape on one device, group) -> [count, bytes]
-    for c in v5e_report.collectives:
-        row = shapes.setdefault((c.kind, c.dtype, c.shape, c.group_size), [0, 0])
-        row[0], row[1] = row[0] + 1, row[1] + c.bytes
-    print("the largest by bytes:")
-    for (kind, dtype, shape, group), (count, nbytes) in sorted(
-            shapes.items(), key=lambda item: -item[1][1])[:6]:
+    print("the largest by bytes (kind, dtype, shape on one device, devices per group):")
+    for (kind, dtype, shape, group), (count, nbytes) in list(
+            v5e_report.by_shape().items())[:6]:
         print(f"  {count:>3} x {kind:<15} {dtype}{list(shape)} over {group} devices: "
               f"{nbytes / 1e3:,.0f} kB")
     compute_s = v5e_report.flops / v5e.peak_flops()

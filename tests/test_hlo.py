@@ -359,6 +359,30 @@ def test_data_parallel_over_one_axis_of_a_2d_mesh_groups_by_that_axis(subprocess
     assert sorted(c[3] for c in out["c"]) == [256 * 4, 512 * 256 * 4]
 
 
+
+def test_by_shape_splits_by_kind_by_array_largest_first():
+    import dataclasses
+
+    def c(kind, shape, dtype, groups):
+        n = int(np.prod(shape)) * {"bfloat16": 2, "float32": 4}[dtype]
+        return hlo.Collective(kind, shape, dtype, n, groups, shape, f"{kind}.{n}")
+
+    pairs, quads = ((0, 1), (2, 3)), ((0, 1, 2, 3),)
+    moved = (c("all-gather", (8, 4), "bfloat16", quads), c("all-reduce", (2,), "float32", pairs),
+             c("all-gather", (8, 4), "bfloat16", quads), c("all-gather", (8, 4), "float32", quads),
+             c("all-gather", (8, 4), "bfloat16", pairs))
+    r = dataclasses.replace(hlo.inspect(lambda x: x * 2, jnp.ones(3)), collectives=moved)
+    assert list(r.by_shape().items()) == [  # by hand: 64 bytes per bf16 (8, 4), 128 per f32
+        (("all-gather", "bfloat16", (8, 4), 4), (2, 128)),  # a tie: program order
+        (("all-gather", "float32", (8, 4), 4), (1, 128)),
+        (("all-gather", "bfloat16", (8, 4), 2), (1, 64)),
+        (("all-reduce", "float32", (2,), 2), (1, 8))]
+    totals = {}  # the same arrays and bytes as by_kind, split finer
+    for (kind, *_), (arrays, nbytes) in r.by_shape().items():
+        a, b = totals.get(kind, (0, 0))
+        totals[kind] = (a + arrays, b + nbytes)
+    assert totals == r.by_kind() == {"all-gather": (4, 320), "all-reduce": (1, 8)}
+
 # --------------------------------------------------------------------------------------
 # Compile-only TPU targets (need the aot extra)
 # --------------------------------------------------------------------------------------

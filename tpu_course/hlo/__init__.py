@@ -128,6 +128,17 @@ class HloReport:
             out[c.kind] = (arrays + 1, total + c.bytes)
         return out
 
+    def by_shape(self) -> dict[tuple[str, str, tuple[int, ...], int], tuple[int, int]]:
+        """``{(kind, dtype, shape on one device, group size): (arrays, bytes per device)}``,
+        largest bytes first (ties in program order): which arrays the collectives move,
+        where ``by_kind`` sums them by kind only (the same counts, split finer)."""
+        out: dict[tuple[str, str, tuple[int, ...], int], tuple[int, int]] = {}
+        for c in self.collectives:
+            key = (c.kind, c.dtype, c.shape, c.group_size)
+            arrays, total = out.get(key, (0, 0))
+            out[key] = (arrays + 1, total + c.bytes)
+        return dict(sorted(out.items(), key=lambda item: -item[1][1]))
+
     @property
     def compute_ops(self) -> dict[str, int]:
         """``op_counts`` without bookkeeping ops (parameters, tuples, constants, bitcasts)."""
