@@ -5,7 +5,8 @@
   is set so that the notebook kernels nbval starts (separate processes, which inherit
   this environment) install the same policy when the notebook imports ``tpu_course``.
 * nbval runs each notebook cell as one test item; this sums the items of each notebook
-  so the CI log shows one line per notebook, against the course's 2-minute budget.
+  so the CI log shows one line per notebook, against its budget: 2 minutes, and 3 for
+  chapter 8, whose issue (28) sets it (a 100-step training run on 8 simulated devices).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import os
 from tpu_course import warnings_policy
 
 NOTEBOOK_BUDGET_S = 120.0
+#: Notebooks with a budget of their own (path from the repository root: seconds).
+NOTEBOOK_BUDGETS_S = {"notebooks/08_language_model.ipynb": 180.0}
 _times: dict[str, float] = collections.defaultdict(float)
 
 
@@ -36,5 +39,6 @@ def pytest_terminal_summary(terminalreporter):
         return
     terminalreporter.section("notebook times")
     for path, seconds in sorted(_times.items()):
-        flag = "  OVER THE 2-MINUTE BUDGET" if seconds > NOTEBOOK_BUDGET_S else ""
+        budget = NOTEBOOK_BUDGETS_S.get(path, NOTEBOOK_BUDGET_S)
+        flag = f"  OVER ITS {budget / 60:.0f}-MINUTE BUDGET" if seconds > budget else ""
         terminalreporter.write_line(f"{seconds:7.1f} s  {path}{flag}")
