@@ -35,7 +35,7 @@ LONGEST    := notebooks/08_language_model.ipynb notebooks/05_first_model.ipynb \
 CHAPTERS   := $(LONGEST) $(filter-out $(LONGEST),$(wildcard notebooks/*.ipynb))
 SOLUTIONS  := $(wildcard solutions/*.ipynb)
 
-.PHONY: help setup setup-colab lab test test-unit test-notebooks test-labs test-colab test-site site slides labs sync notebooks bench doctor preflight clean
+.PHONY: help setup setup-colab lab test test-newest test-unit test-notebooks test-labs test-colab test-site site slides labs sync notebooks bench doctor preflight clean
 
 help:
 	@echo "make lab          set up (once) and start JupyterLab on the course"
@@ -72,26 +72,35 @@ preflight: setup
 	$(PY) -m tpu_course preflight $(PREFLIGHT_ARGS)
 
 # The site's build (Sphinx: one process) and browser test mostly leave a core idle, so
-# they run beside the unit tests; their output follows the unit tests' in the log.
+# they run beside the newest line's tests; their output follows those in the log.
 test:
 	@mkdir -p build
 	@$(MAKE) --no-print-directory test-site > build/test-site.log 2>&1 & site=$$!; \
-	$(MAKE) --no-print-directory test-unit; unit=$$?; \
+	$(MAKE) --no-print-directory test-newest; newest=$$?; \
 	wait $$site; status=$$?; \
-	echo "make test-site (beside the unit tests):"; cat build/test-site.log; \
-	[ $$unit -eq 0 ] && [ $$status -eq 0 ]
-	@$(MAKE) --no-print-directory test-notebooks test-labs test-colab
+	echo "make test-site (beside the newest line's tests):"; cat build/test-site.log; \
+	[ $$newest -eq 0 ] && [ $$status -eq 0 ]
+	@$(MAKE) --no-print-directory test-labs test-colab
 
 # Deprecation and future warnings fail the tests and the notebook kernels
 # (tpu_course/warnings_policy.py; conftest.py sets the same for a bare pytest).
-test-unit test-notebooks test-labs test-colab: export TPU_COURSE_STRICT_WARNINGS := 1
+test-newest test-unit test-notebooks test-labs test-colab: export TPU_COURSE_STRICT_WARNINGS := 1
 
-# One persistent JAX compilation cache per line: a program the unit tests compiled is
-# read back, not compiled again, by the notebooks and labs that run it later (compiling
-# is about half of their time on a CPU). (make clean empties build/jax-cache).
-test-unit test-notebooks test-labs: export JAX_COMPILATION_CACHE_DIR := $(CURDIR)/build/jax-cache/newest
+# One persistent JAX compilation cache per line: a program one test or notebook compiled
+# is read back, not compiled again, by those that run it later (compiling is about half
+# of a notebook's time on a CPU). (make clean empties build/jax-cache).
+test-newest test-unit test-notebooks test-labs: export JAX_COMPILATION_CACHE_DIR := $(CURDIR)/build/jax-cache/newest
 test-colab: export JAX_COMPILATION_CACHE_DIR := $(CURDIR)/build/jax-cache/colab
-test-unit test-notebooks test-labs test-colab: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS := 0.2
+test-newest test-unit test-notebooks test-labs test-colab: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS := 0.2
+
+# The newest line: the unit tests and the notebooks in one pytest run, the longest
+# notebooks handed out first and the unit tests' files filling the other workers (run
+# one after the other, the last notebook ran alone on a half-idle machine for minutes).
+# test-unit and test-notebooks run the two halves alone.
+test-newest: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -ra $(XDIST) $(NBVAL) $(CHAPTERS) $(SOLUTIONS) tests tpu_course tools
+	$(PY) -m tools.notebooks check
 
 test-unit: setup
 	$(PY) -m ruff check .
@@ -104,16 +113,18 @@ test-notebooks: setup
 test-labs: setup
 	$(PY) -m tools.notebooks run-labs --jobs $(JOBS)
 
-# The Colab line: unit tests, then every chapter executed; their outputs are compared
-# loosely (--nbval-lax: a cell may not raise, its text may differ, since versions print
-# differently), then the unsolved labs to their scorecards. Tests marked
+# The Colab line: every chapter executed and the unit tests, in one pytest run as on the
+# newest line; the chapters' outputs are compared loosely (--nbval-lax: a cell may not
+# raise, its text may differ, since versions print differently); then the unsolved labs
+# to their scorecards. Tests marked
 # stack_independent (authoring tools, the grader's process handling, pure numpy models)
-# ran on the newest line already. The solutions run on the newest line; here the unit
-# tests grade honest answers and every typical mistake through each lab's checkers, and
-# the unsolved labs run every other cell of theirs.
+# ran on the newest line already, and so did those marked mistake (a typical mistake fed
+# to a lab's checker: the hint it gets is the checker's logic). The solutions run on the
+# newest line; here the unit tests grade honest answers written unlike the course's
+# through each lab's checkers, and the unsolved labs run every other cell of theirs.
 test-colab: setup-colab
-	$(PY_COLAB) -m pytest -q -ra $(XDIST) -m "not site and not stack_independent" tests tpu_course tools
-	$(PY_COLAB) -m pytest -q $(XDIST) --nbval-lax --nbval-cell-timeout=300 $(CHAPTERS)
+	$(PY_COLAB) -m pytest -q -ra $(XDIST) -m "not site and not stack_independent and not mistake" \
+	  --nbval-lax --nbval-cell-timeout=300 $(CHAPTERS) tests tpu_course tools
 	$(PY_COLAB) -m tools.notebooks run-labs --jobs $(JOBS)
 
 # The website from the committed notebooks (never executed here), warnings as errors,

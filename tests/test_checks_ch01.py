@@ -136,6 +136,7 @@ EX1_MISTAKES = [
 
 
 @pytest.mark.parametrize("answer, words", EX1_MISTAKES)
+@pytest.mark.mistake
 def test_ws_cycle_names_each_mistake(answer, words):
     r = ch01.check_ws_cycle(answer)
     assert r.status == "failed" and r.answer, r
@@ -181,11 +182,13 @@ def test_ws_cycle_names_what_came_back(answer, field, words):
         a, w[:a.shape[1]], *w.shape, trace=True).trace[w.shape[0] + s], f))
         for f in ("horizontal", "vertical")),
 ])
+@pytest.mark.mistake
 def test_ws_cycle_refuses_the_course_step_and_the_simulator(course):
     r = ch01.check_ws_cycle(course)
     assert not r and "course's own function" in r.message
 
 
+@pytest.mark.mistake
 def test_ws_cycle_fixed_to_the_notebooks_array_fails_unseen_arrays():
     def four_rows(w, act, psum, a, s):  # loops over 4 rows whatever the array
         x = np.zeros(4, act.dtype)
@@ -375,6 +378,7 @@ EX1_MISTAKES = [
 
 
 @pytest.mark.parametrize("answer, field, words", EX1_MISTAKES)
+@pytest.mark.mistake
 def test_tiled_matmul_names_each_mistake(answer, field, words):
     r = ch01.check_tiled_matmul(answer)
     assert r.status == "failed", r
@@ -392,6 +396,7 @@ def test_tiled_matmul_reveals_the_entry_and_the_tiling_after_an_attempt(capsys):
     assert "after an attempt" in checks.reveal("Exercise 2")
 
 
+@pytest.mark.mistake
 def test_tiled_matmul_for_a_fixed_square_array_fails_the_unseen_arrays():
     def fixed_four(a, b, rows, cols, sim):
         return tiled(a, b, 4, 3, lambda x, w, r, c: sim(x, w, rows, cols))
@@ -417,6 +422,7 @@ def test_gemm_prediction_accepts_the_right_numbers_and_rounding():
     assert ch01.check_gemm_prediction(*rounded, 256)
 
 
+@pytest.mark.mistake
 def test_gemm_prediction_names_mistakes_and_sets_the_answer():
     t = truth()
     m, k, n = ch01.GEMM
@@ -435,6 +441,7 @@ def test_gemm_prediction_names_mistakes_and_sets_the_answer():
     assert not r and "padded" in r.hint and r.answer
 
 
+@pytest.mark.mistake
 def test_gemm_prediction_rejects_garbage_without_raising():
     t = truth()
     for bad in (t[128][0], "3382", None, np.zeros(3), ("3382", 0.9)):
@@ -580,6 +587,7 @@ EX3_MISTAKES = [
 
 
 @pytest.mark.parametrize("answer, field, words", EX3_MISTAKES)
+@pytest.mark.mistake
 def test_smallest_batch_names_each_mistake(answer, field, words):
     r = ch01.check_smallest_batch(answer)
     assert r.status == "failed", r
@@ -595,6 +603,7 @@ def test_smallest_batch_names_each_mistake(answer, field, words):
     lambda K, N, R, C: next(m for m in range(1, 1 << 20)
                             if m * K * N >= 0.9 * R * C * systolic.cycle_count(m, K, N, R, C)),
 ])
+@pytest.mark.mistake
 def test_smallest_batch_refuses_the_course_functions(course):
     r = ch01.check_smallest_batch(course)
     assert not r and "course's own function" in r.message and "write this yourself" in r.hint
@@ -675,11 +684,13 @@ EX4_MISTAKES = [
 
 
 @pytest.mark.parametrize("answer, words", EX4_MISTAKES)
+@pytest.mark.mistake
 def test_best_dataflow_names_each_mistake(answer, words):
     r = ch01.check_best_dataflow(answer)
     assert not r and r.answer and words in r.hint, r
 
 
+@pytest.mark.mistake
 def test_best_dataflow_with_m_on_the_wrong_side_fails_unseen_shapes_too():
     wrong = _model(swap=("is",))
     for seed in range(3):
@@ -699,11 +710,13 @@ def test_best_dataflow_with_m_on_the_wrong_side_fails_unseen_shapes_too():
                               key=lambda d: systolic.fold_count(M, K, N, R, C, d)),
     functools.partial(systolic.cycle_count, timing="tpu"),
 ])
+@pytest.mark.mistake
 def test_best_dataflow_refuses_running_systolic(course):
     r = ch01.check_best_dataflow(course)
     assert not r and "course's own function" in r.message
 
 
+@pytest.mark.mistake
 def test_best_dataflow_rejects_garbage():
     r = ch01.check_best_dataflow(lambda *a: 3)
     assert not r and "not a dataflow" in r.message

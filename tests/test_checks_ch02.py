@@ -65,10 +65,12 @@ def test_matmul_flops_honest_answers_pass_also_hidden():
     (lambda m, k, n: str(2 * m * k * n), ["string"]),
     (lambda m, k, n: None, ["number"]),
 ])
+@pytest.mark.mistake
 def test_matmul_flops_mistakes(answer, words):
     expect(ch02.check_matmul_flops(answer), *words)
 
 
+@pytest.mark.mistake
 def test_matmul_flops_refuses_the_course_code():
     for answer in (reference.matmul_flops, roofline.matmul_flops,
                    lambda m, k, n: roofline.matmul_flops(m, k, n)):
@@ -76,6 +78,7 @@ def test_matmul_flops_refuses_the_course_code():
     assert ch02.check_matmul_flops(NotWritten("Exercise 1")).status == "not written"
 
 
+@pytest.mark.mistake
 def test_matmul_flops_hidden_shapes_catch_a_hard_coded_answer():
     table = {(2, 3, 4): 48, (128, 256, 512): 2 * 128 * 256 * 512, (1, 1000, 7): 14000}
     answer = lambda m, k, n: table.get((m, k, n), 0)
@@ -214,6 +217,7 @@ def test_time_call_honest_timers_pass_also_hidden():
     (lambda fn, *a: (0.02, 0.03), ["number"]),
     (lambda fn, *a: 1 / 0, ["ZeroDivisionError"]),
 ])
+@pytest.mark.mistake
 def test_time_call_mistakes(answer, words):
     r = ch02.check_time_call(answer)
     expect(r, *words)
@@ -222,6 +226,7 @@ def test_time_call_mistakes(answer, words):
         assert r.answer
 
 
+@pytest.mark.mistake
 def test_a_constant_equal_to_the_visible_answer_fails_hidden():
     measured = ch02.check_time_call(median_timer).message.split(" ms")[0]
     constant = float(measured) / 1e3
@@ -235,6 +240,7 @@ def test_a_constant_equal_to_the_visible_answer_fails_hidden():
     assert not graded and "does not show" in graded.message  # ...the hidden ones cannot
 
 
+@pytest.mark.mistake
 def test_time_call_refuses_the_course_code_and_puts_the_clocks_back():
     from tpu_course import bench
 
@@ -331,10 +337,12 @@ def test_h2d_bandwidth_honest_answers_pass_also_hidden():
     (lambda h: str(median_bandwidth(h)), ["string"]),
     (lambda h: np.array([1.0, 2.0]), ["one number"]),
 ])
+@pytest.mark.mistake
 def test_h2d_bandwidth_mistakes(answer, words):
     expect(ch02.check_h2d_bandwidth(answer, shape=SMALL), *words)
 
 
+@pytest.mark.mistake
 def test_a_typed_bandwidth_equal_to_the_visible_one_fails_hidden():
     seen = []
     assert ch02.check_h2d_bandwidth(lambda h: seen.append(median_bandwidth(h)) or seen[-1])
@@ -350,6 +358,7 @@ def test_elements_per_second_is_named_for_other_dtypes_too():
     expect(r, "elements per second", "8 bytes each")
 
 
+@pytest.mark.mistake
 def test_h2d_refuses_the_course_code_and_restores_device_put():
     original = jax.device_put
     expect(ch02.check_h2d_bandwidth(reference.h2d_bandwidth), "course's own function")
@@ -409,12 +418,14 @@ def test_copy_prediction_right_on_a_busy_machine(monkeypatch):
     ("0.1", ["string"]),
     (float("nan"), ["finite"]),
 ])
+@pytest.mark.mistake
 def test_copy_prediction_mistakes(copies, prediction, words):
     r = ch02.check_copy_prediction(prediction, BANDWIDTH)
     expect(r, *words)
     assert copies.calls == 0  # a wrong prediction needs no copy
 
 
+@pytest.mark.mistake
 def test_copy_prediction_garbage_and_unwritten():
     assert ch02.check_copy_prediction(NotWritten("Ex 4"), BANDWIDTH).status == "not written"
     assert ch02.check_copy_prediction(RIGHT, NotWritten("Ex 3")).status == "not written"
@@ -455,6 +466,7 @@ def test_fraction_of_peak_honest_answers_pass_also_hidden():
     (lambda f, s, c: f / s / hardware.get("v5e").peak_bf16_flops_per_s, None),
     (lambda f, s, c: "0.5", ["string"]),
 ])
+@pytest.mark.mistake
 def test_fraction_of_peak_mistakes(answer, words):
     if words is None:  # the v5e's peak typed for every chip: passes visibly, not hidden
         assert ch02.check_fraction_of_peak(answer)

@@ -123,12 +123,14 @@ def clip_per_row(w, g, max_norm):  # right for a vector, wrong for a matrix
     (lambda w, g, m: w, ("differs",)),
     (lambda w, g, m: jnp.zeros(3), ("shape",)),
 ])
+@pytest.mark.mistake
 def test_jit_fix_names_each_mistake(wrong, words):
     r = ch03.check_jit_fix(wrong)
     expect(r, *words)
     assert "[" not in r.message  # the expected update is only in r.answer
 
 
+@pytest.mark.mistake
 def test_jit_fix_catches_a_per_row_norm_on_an_unseen_matrix():
     assert ch03.check_jit_fix(clip_per_row)  # the notebook's gradient is a vector
     r = hidden(1, clip_per_row)
@@ -136,6 +138,7 @@ def test_jit_fix_catches_a_per_row_norm_on_an_unseen_matrix():
     assert not r.answer
 
 
+@pytest.mark.mistake
 def test_jit_fix_refuses_the_course_reference():
     for answer in (answers.clipped_update_reference,
                    lambda w, g, m: answers.clipped_update_reference(w, g, m)):
@@ -204,6 +207,7 @@ def _body(w, g, lr, step):
     return w - lr * 0.5 ** (step // ch03.HALVING) * g
 
 
+@pytest.mark.mistake
 def test_recompile_fix_names_the_argument_still_static():
     lr_static = jax.jit(_body, static_argnames=("lr",))  # the issue: fixing only step
     r = ch03.check_recompile_fix(lr_static)
@@ -238,6 +242,7 @@ def test_recompile_fix_counts_from_an_empty_cache():
     (_body, ("not a jitted function",)),
     (jax.jit(answers.decayed_update_reference), ("course's own function",)),
 ])
+@pytest.mark.mistake
 def test_recompile_fix_names_each_mistake(wrong, words):
     expect(ch03.check_recompile_fix(wrong), *words)
 
@@ -342,17 +347,20 @@ def norms_hardcoded_six(params, X, Y):  # right on the notebook's batch of 6 onl
     (_per_example_grads, ("dict",)),
     (lambda p, X, Y: jnp.full(X.shape[0], jnp.nan), ("NaN",)),
 ])
+@pytest.mark.mistake
 def test_per_example_norms_names_each_mistake(wrong, words):
     r = ch03.check_per_example_norms(wrong)
     expect(r, *words)
     assert "norms [" not in r.message
 
 
+@pytest.mark.mistake
 def test_per_example_norms_catches_a_hardcoded_batch_on_unseen_inputs():
     assert ch03.check_per_example_norms(norms_hardcoded_six)
     expect(hidden(4, norms_hardcoded_six), "does not show (a batch of")
 
 
+@pytest.mark.mistake
 def test_per_example_norms_garbage_and_course_code():
     assert not ch03.check_per_example_norms(lambda p, X, Y: "1.0")
     for answer in (answers.per_example_norms_reference,
@@ -486,6 +494,7 @@ def test_the_course_port_matches_pytorch_and_is_refused():
                            optax.sgd(LR), live=False), "course's own function")
 
 
+@pytest.mark.mistake
 def test_port_refuses_the_course_weight_converters():
     def convert(sd):
         return {"conv": parity.conv2d_to_jax(sd["conv.weight"], sd["conv.bias"]),
@@ -495,6 +504,7 @@ def test_port_refuses_the_course_weight_converters():
     expect(r, "parity.", "course's own function", "write this yourself")
 
 
+@pytest.mark.mistake
 def test_port_names_the_wrong_return_order():
     r = port(finish=lambda p, u, s, loss: (loss, optax.apply_updates(p, u), s))
     expect(r, "train_step returned (loss, params, opt_state)", "wrong order",
@@ -512,22 +522,26 @@ def test_port_names_the_wrong_return_order():
     (lambda p, u, s, loss: (jax.tree.map(lambda a, b: a - b, p, u), s, loss),
      ("along the gradient instead of against it",)),
 ])
+@pytest.mark.mistake
 def test_port_names_optimizer_step_mistakes(finish, words):
     r = port(finish=finish)
     expect(r, "(step/", *words)
     assert "values differ" not in r.message
 
 
+@pytest.mark.mistake
 def test_port_names_a_wrong_learning_rate():
     r = port(optimizer=optax.sgd(0.01))
     expect(r, "(step/", "0.1 times as far", "lr = 0.1")
 
 
+@pytest.mark.mistake
 def test_port_names_adam_where_pytorch_used_sgd():
     r = port(optimizer=optax.adam(LR))
     expect(r, "(step/", "Adam", "optax.sgd(0.1)", "torch.optim.SGD")
 
 
+@pytest.mark.mistake
 def test_port_names_a_transposed_weight():
     def convert(sd):
         p = convert_good(sd)
@@ -536,6 +550,7 @@ def test_port_names_a_transposed_weight():
     expect(port(convert), "layer 'fc2'", "transposed")
 
 
+@pytest.mark.mistake
 def test_port_names_a_pytorch_layout_conv_kernel():
     def convert(sd):
         p = convert_good(sd)
@@ -544,19 +559,23 @@ def test_port_names_a_pytorch_layout_conv_kernel():
     expect(port(convert), "layer 'conv'", "OIHW")
 
 
+@pytest.mark.mistake
 def test_port_names_a_missing_bias():
     expect(port(forward=make_forward(fc1_bias=False)), "layer 'fc1'", "missing or extra bias")
 
 
+@pytest.mark.mistake
 def test_port_names_nchw_vs_nhwc_flatten_order():
     expect(port(forward=make_forward(flatten_nchw=False)), "layer 'fc1'", "flatten order",
            "NCHW")
 
 
+@pytest.mark.mistake
 def test_port_names_sum_instead_of_mean():
     expect(port(reduction="sum"), "(loss)", "sum where the reference takes a mean over 8")
 
 
+@pytest.mark.mistake
 def test_port_reports_a_crash_and_who_raised_it():
     def convert(sd):
         p = convert_good(sd)
@@ -576,6 +595,7 @@ def test_port_reports_a_crash_and_who_raised_it():
     assert "layout" not in r.hint
 
 
+@pytest.mark.mistake
 def test_port_catches_a_hardcoded_batch_on_unseen_inputs():
     def forward(params, x):
         out = make_forward()(params, x)

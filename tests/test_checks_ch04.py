@@ -110,11 +110,13 @@ def _pair(fn):
     (lambda f, *args: f(*args), ["ShapeDtypeStruct", "nothing needs to run"]),
     (lambda f, *args: ("1", 2), ["string"]),
 ])
+@pytest.mark.mistake
 def test_xla_cost_mistakes(answer, words):
     r = ch04.check_xla_cost(answer)
     expect(r, *words)
 
 
+@pytest.mark.mistake
 def test_xla_cost_refuses_the_course_and_a_lookup_fails_hidden():
     expect(ch04.check_xla_cost(lambda f, *a: (hlo.inspect(f, *a).flops,
                                               hlo.inspect(f, *a).bytes_accessed)),
@@ -158,6 +160,7 @@ def _solve(k, n, chip, out=True, size=2):
     (lambda k, n, c: 3 * (_solve(k, n, c) or 1), ["x the least"]),
     (lambda k, n, c: "272", ["string"]),
 ])
+@pytest.mark.mistake
 def test_compute_bound_batch_mistakes(answer, words):
     r = ch04.check_compute_bound_batch(answer)
     expect(r, *words)
@@ -165,6 +168,7 @@ def test_compute_bound_batch_mistakes(answer, words):
         assert r.answer and r.answer.split(": ")[-1] not in r.message
 
 
+@pytest.mark.mistake
 def test_compute_bound_batch_refuses_the_course_and_a_typed_chip_fails_hidden():
     expect(ch04.check_compute_bound_batch(reference.compute_bound_batch), "course's own")
     uses_bound = lambda k, n, c: next((m for m in range(1, 10**5) if roofline.bound(
@@ -197,10 +201,12 @@ def _times(c, f, b):
     (lambda ks, c: 2 * chain_time_s(ks, c), ["x the least"]),
     (lambda ks, c: None, ["number"]),
 ])
+@pytest.mark.mistake
 def test_chain_time_mistakes(answer, words):
     expect(ch04.check_chain_time(answer), *words)
 
 
+@pytest.mark.mistake
 def test_chain_time_refuses_the_course_and_a_typed_chip_fails_hidden():
     expect(ch04.check_chain_time(lambda ks, c: sum(roofline.estimate(f, b, c).time_s
                                                   for f, b in ks)), "course's own function")
@@ -224,6 +230,7 @@ def test_chain_time_refuses_the_course_and_a_typed_chip_fails_hidden():
     (lambda B, D, H: 3 * B * D * H, ["XLA's"]),
     (lambda B, D, H: None, ["number"]),
 ])
+@pytest.mark.mistake
 def test_layer_flops_mistakes(answer, words):
     r = ch04.check_xla_flops(answer)
     expect(r, *words)
@@ -231,6 +238,7 @@ def test_layer_flops_mistakes(answer, words):
         assert r.answer and "XLA counts" in r.answer and "1,310,720" not in r.message
 
 
+@pytest.mark.mistake
 def test_layer_flops_refuses_asking_xla_and_the_reference():
     def ask_xla(B, D, H):
         S = jax.ShapeDtypeStruct
@@ -249,6 +257,7 @@ def test_layer_flops_refuses_asking_xla_and_the_reference():
     expect(ch04.check_xla_flops(with_my_cost), "asks the compiler", "by hand")
 
 
+@pytest.mark.mistake
 def test_layer_flops_hard_coded_fails_hidden():
     typed = lambda B, D, H: 1_310_720
     assert ch04.check_xla_flops(typed)
@@ -285,12 +294,14 @@ up = lambda x, to: (x + to - 1) // to * to
     (lambda s, i: i * min(s[0] * up(s[1], 128), s[1] * up(s[0], 128)), ["only the minor"]),
     (lambda s, i: 3 * tpu_bytes(s, i), ["x the right one"]),
 ])
+@pytest.mark.mistake
 def test_tpu_bytes_mistakes(answer, words):
     r = ch04.check_tpu_bytes(answer)
     expect(r, *words)
     assert r.answer
 
 
+@pytest.mark.mistake
 def test_tpu_bytes_refuses_the_course_and_the_compiler_and_hidden_catches_a_lookup():
     expect(ch04.check_tpu_bytes(reference.tpu_bytes), "course's own function")
     expect(ch04.check_tpu_bytes(lambda s, i: reference.tpu_padded_bytes(s, i)),
@@ -325,6 +336,7 @@ RIGHT = (7 * T * F, 4 * T * F, "memory")
     (("7", 4 * T * F, "memory"), ["string"]),
     ((7 * T * F, 4 * T * F, "fast"), ["'memory' or 'compute'"]),
 ])
+@pytest.mark.mistake
 def test_layer_norm_mistakes(prediction, words):
     r = ch04.check_layer_norm(*prediction)
     expect(r, *words)

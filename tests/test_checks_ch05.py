@@ -277,6 +277,7 @@ class WrapsCourseCNN(nnx.Module):
     (RenamedCourseCNN, ("subclass of the course's models.CNN",)),
     (WrapsCourseCNN, ("models.CNN", "course's own")),
 ])
+@pytest.mark.mistake
 def test_model_checker_rejects_wrong_models(answer, phrases):
     result = ch05.check_model(answer)
     assert says(result, *phrases), msg(result)
@@ -290,6 +291,7 @@ def test_model_checker_reports_an_unwritten_model():
     assert ch05.check_model(NotWritten("Exercise 1")).status == "not written"
 
 
+@pytest.mark.mistake
 def test_hidden_batch_sizes_catch_a_model_right_only_for_the_notebooks_batches():
     seed = checks.grading_seed("someone", 5)
     assert ch05.check_model(SmallBatchesOnly).passed  # the notebook's (4, 1)
@@ -317,6 +319,7 @@ def test_prediction_checker_accepts_the_arithmetic():
     (GOOD_PARAMS, GOOD_FLOPS / 6, "multiply-adds of the forward pass only"),
     (GOOD_PARAMS, GOOD_FLOPS / 192, "one image's forward pass"),
 ])
+@pytest.mark.mistake
 def test_prediction_checker_names_each_mistake(params, flops, phrase):
     result = ch05.check_prediction(Good, params, flops)
     assert says(result, phrase), msg(result)
@@ -328,6 +331,7 @@ def test_prediction_checker_names_each_mistake(params, flops, phrase):
     ("14,170", GOOD_FLOPS), (None, GOOD_FLOPS), (GOOD_PARAMS, float("nan")),
     (GOOD_PARAMS, np.ones(3)), (True, GOOD_FLOPS),
 ])
+@pytest.mark.mistake
 def test_prediction_checker_rejects_garbage_without_raising(params, flops):
     result = ch05.check_prediction(Good, params, flops)
     assert result.status == "failed", msg(result)
@@ -383,11 +387,13 @@ def test_step_checker_accepts_an_honest_step():
     ("no grad_norm", ("lacks ['grad_norm']", "before clipping")),
     ("norm after clipping", ("grad_norm is the norm after clipping",)),
 ])
+@pytest.mark.mistake
 def test_step_checker_names_each_wrong_step(kind, phrases):
     result = ch05.check_train_step(make_step(kind))
     assert says(result, *phrases), msg(result)
 
 
+@pytest.mark.mistake
 def test_hidden_batches_catch_a_step_that_hard_codes_the_notebooks_padding():
     step = make_step("slices off the padding")  # right only when the last 16 of 64 are padding
     assert ch05.check_train_step(step).passed
@@ -402,6 +408,7 @@ def test_step_checker_wants_a_compiled_step():
     assert says(result, "not compiled", "@nnx.jit"), msg(result)
 
 
+@pytest.mark.mistake
 def test_step_checker_refuses_the_course_step():
     ref = nnx.jit(answers.train_step)
 
@@ -492,11 +499,13 @@ def still_slow(images, labels, batch_size, seed=0, epoch=0):
     (lambda im, lb, bs, seed=0, epoch=0: train.batches(im, lb, bs, seed=seed, epoch=epoch),
      ("course's own function",)),
 ])
+@pytest.mark.mistake
 def test_pipeline_checker_names_each_wrong_pipeline(fn, phrases):
     result = ch05.check_fast_batches(fn)
     assert says(result, *phrases), msg(result)
 
 
+@pytest.mark.mistake
 def test_hidden_batch_sizes_catch_a_pipeline_hard_coded_for_64():
     fn = make_pipeline("hard-coded 64")
     assert ch05.check_fast_batches(fn, timed=False).passed
@@ -553,6 +562,7 @@ def test_accuracy_checker_trains_honest_pieces_itself(fake_fashion):
     assert again.passed and "the training run above" in again.message  # no second run
 
 
+@pytest.mark.mistake
 def test_a_pipeline_that_feeds_other_images_is_caught(fake_fashion):
     _, _, test_x, test_y = fake_fashion
 
@@ -574,6 +584,7 @@ def test_a_pipeline_that_feeds_other_images_is_caught(fake_fashion):
         assert says(result, phrase, "Exercise 4"), msg(result)
 
 
+@pytest.mark.mistake
 def test_a_step_that_trains_on_anything_else_is_caught(fake_fashion):
     _, _, test_x, test_y = fake_fashion
     test_batch = Batch(test_x[:64], test_y[:64], np.ones(64, np.float32))
@@ -631,11 +642,13 @@ def test_accuracy_checker_reads_the_config_strictly(fake_fashion, config, phrase
      ("not compiled",)),
     ((Good, "step", honest_batches), ("should be a function",)),
 ])
+@pytest.mark.mistake
 def test_accuracy_checker_refuses_shortcuts(fake_fashion, answer, phrases):
     result = ch05.check_accuracy(*answer, CONFIG)
     assert says(result, *phrases), msg(result)
 
 
+@pytest.mark.mistake
 def test_accuracy_checker_names_a_learning_rate_that_cannot_reach_the_target(fake_fashion):
     slow = ch05.check_accuracy(Good, honest_step, honest_batches,
                                {**CONFIG, "learning_rate": 1e-6})

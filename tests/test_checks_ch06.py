@@ -157,64 +157,107 @@ r = {}
 def put(key, res):
     r[key] = [res.status, res.message, res.hint, res.answer]
 
-put("fsdp", ch06.check_shard_fsdp(shard_fsdp))
-put("fsdp_params_only", ch06.check_shard_fsdp(params_only))
-put("fsdp_nu", ch06.check_shard_fsdp(nu_whole))
-put("fsdp_back_whole", ch06.check_shard_fsdp(variant(state_back_whole)))
-put("fsdp_no_gather", ch06.check_shard_fsdp(no_gather))
-put("fsdp_dp", ch06.check_shard_fsdp(replicated))
-put("fsdp_pair", ch06.check_shard_fsdp(lambda *a: (1, 2)))
-put("fsdp_raises", ch06.check_shard_fsdp(raises))
-put("fsdp_reference", ch06.check_shard_fsdp(ref.shard_fsdp))
-put("fsdp_package", ch06.check_shard_fsdp(package_fsdp))
-_refuse = ch06.refuse_course_code  # the package's FSDP step through lab 6's own check logic
-ch06.refuse_course_code = lambda *a, **k: None
-put("package_fsdp_logic", ch06.check_shard_fsdp(package_fsdp))
-ch06.refuse_course_code = _refuse
-put("fsdp_eight_hidden", ch06.check_shard_fsdp(eight_always, width=196, devices=4))
-put("fsdp_eight", ch06.check_shard_fsdp(eight_always))
-
-put("pred", ch06.check_fsdp_prediction({"all-gather": ag, "all-reduce": ar}, shard_fsdp))
-put("pred_moments_whole", ch06.check_fsdp_prediction({"all-gather": ag, "all-reduce": ar}, params_only))
-ch06.LAB.predict("Exercise 1", {"all-gather": ag, "all-reduce": ar})
-ch06.LAB.predicted("Exercise 1")  # the measurement shows: locked
-put("pred_edited_after", ch06.check_fsdp_prediction({"all-gather": 1, "all-reduce": 1}, shard_fsdp))
-
-put("v5e", ch06.check_v5e_kind("reduce-scatter", shard_fsdp))
-put("v5e_ar", ch06.check_v5e_kind("all-reduce", shard_fsdp))
-put("v5e_garbage", ch06.check_v5e_kind(3, shard_fsdp))
-
-put("bidi", ch06.check_bidirectional(bidirectional_all_reduce))
-put("bidi_oneway", ch06.check_bidirectional(one_way))
-put("bidi_package", ch06.check_bidirectional(parallel.ring_all_reduce))
-put("bidi_reference", ch06.check_bidirectional(lambda x, axis, n: ref.bidirectional_all_reduce(x, axis, n)))
-put("bidi_psum", ch06.check_bidirectional(lambda x, axis, n: jax.lax.psum(x, axis)))
-put("bidi_identity", ch06.check_bidirectional(lambda x, axis, n: x))
-put("bidi_ring_of_8_hidden", ch06.check_bidirectional(ring_of_8, n=4, block=(2, 9)))
-
-put("hier", ch06.check_hierarchical(hierarchical_all_reduce))
-put("hier_flat", ch06.check_hierarchical(lambda x: jax.lax.psum(x, ("slice", "chip"))))
-put("hier_two_psums", ch06.check_hierarchical(lambda x: jax.lax.psum(jax.lax.psum(x, "chip"), "slice")))
-put("hier_slice_only", ch06.check_hierarchical(lambda x: jax.lax.psum(x, "slice")))
-put("hier_reference", ch06.check_hierarchical(ref.hierarchical_all_reduce))
+# HONEST and MISTAKES (set before this script): the honest answers, each typical mistake
+if HONEST:
+    put("fsdp", ch06.check_shard_fsdp(shard_fsdp))
+    _refuse = ch06.refuse_course_code  # the package's FSDP step through lab 6's own logic
+    ch06.refuse_course_code = lambda *a, **k: None
+    put("package_fsdp_logic", ch06.check_shard_fsdp(package_fsdp))
+    ch06.refuse_course_code = _refuse
+    put("pred", ch06.check_fsdp_prediction({"all-gather": ag, "all-reduce": ar}, shard_fsdp))
+    ch06.LAB.predict("Exercise 1", {"all-gather": ag, "all-reduce": ar})
+    ch06.LAB.predicted("Exercise 1")  # the measurement shows: locked
+    put("pred_edited_after",
+        ch06.check_fsdp_prediction({"all-gather": 1, "all-reduce": 1}, shard_fsdp))
+    put("v5e", ch06.check_v5e_kind("reduce-scatter", shard_fsdp))
+    put("bidi", ch06.check_bidirectional(bidirectional_all_reduce))
+    put("hier", ch06.check_hierarchical(hierarchical_all_reduce))
+if MISTAKES:
+    put("fsdp_params_only", ch06.check_shard_fsdp(params_only))
+    put("fsdp_nu", ch06.check_shard_fsdp(nu_whole))
+    put("fsdp_back_whole", ch06.check_shard_fsdp(variant(state_back_whole)))
+    put("fsdp_no_gather", ch06.check_shard_fsdp(no_gather))
+    put("fsdp_dp", ch06.check_shard_fsdp(replicated))
+    put("fsdp_pair", ch06.check_shard_fsdp(lambda *a: (1, 2)))
+    put("fsdp_raises", ch06.check_shard_fsdp(raises))
+    put("fsdp_reference", ch06.check_shard_fsdp(ref.shard_fsdp))
+    put("fsdp_package", ch06.check_shard_fsdp(package_fsdp))
+    put("fsdp_eight", ch06.check_shard_fsdp(eight_always))
+    put("fsdp_eight_hidden", ch06.check_shard_fsdp(eight_always, width=196, devices=4))
+    put("pred_moments_whole",
+        ch06.check_fsdp_prediction({"all-gather": ag, "all-reduce": ar}, params_only))
+    put("v5e_ar", ch06.check_v5e_kind("all-reduce", shard_fsdp))
+    put("v5e_garbage", ch06.check_v5e_kind(3, shard_fsdp))
+    put("bidi_oneway", ch06.check_bidirectional(one_way))
+    put("bidi_package", ch06.check_bidirectional(parallel.ring_all_reduce))
+    put("bidi_reference", ch06.check_bidirectional(
+        lambda x, axis, n: ref.bidirectional_all_reduce(x, axis, n)))
+    put("bidi_psum", ch06.check_bidirectional(lambda x, axis, n: jax.lax.psum(x, axis)))
+    put("bidi_identity", ch06.check_bidirectional(lambda x, axis, n: x))
+    put("bidi_ring_of_8_hidden", ch06.check_bidirectional(ring_of_8, n=4, block=(2, 9)))
+    put("hier_flat", ch06.check_hierarchical(lambda x: jax.lax.psum(x, ("slice", "chip"))))
+    put("hier_two_psums", ch06.check_hierarchical(
+        lambda x: jax.lax.psum(jax.lax.psum(x, "chip"), "slice")))
+    put("hier_slice_only", ch06.check_hierarchical(lambda x: jax.lax.psum(x, "slice")))
+    put("hier_reference", ch06.check_hierarchical(ref.hierarchical_all_reduce))
 
 names = {"predicted_fsdp": {"all-gather": ag, "all-reduce": ar}, "shard_fsdp": shard_fsdp,
          "predicted_v5e_kind": "reduce-scatter",
          "bidirectional_all_reduce": bidirectional_all_reduce,
          "hierarchical_all_reduce": hierarchical_all_reduce, "choose": choose}
 seed = checks.grading_seed("someone", 6)
-r["graded"] = [[g.status, g.message] for g in ch06.LAB.grade(names, seed=seed)]
-wrong = dict(names, shard_fsdp=eight_always, bidirectional_all_reduce=ring_of_8)
-r["graded_wrong"] = [[g.status, g.message] for g in ch06.LAB.grade(wrong, seed=seed)]
+if HONEST:
+    r["graded"] = [[g.status, g.message] for g in ch06.LAB.grade(names, seed=seed)]
+if MISTAKES:
+    wrong = dict(names, shard_fsdp=eight_always, bidirectional_all_reduce=ring_of_8)
+    r["graded_wrong"] = [[g.status, g.message] for g in ch06.LAB.grade(wrong, seed=seed)]
 print(json.dumps(r))
 '''
 
 
-def test_lab6_compiling_checkers(subprocess_runner):
-    r = subprocess_runner(SCRIPT, devices=8, timeout_s=600)
-    # exercise 2: the honest FSDP passes; each mistake gets its own message
+def run_lab6_checks(subprocess_runner, mistakes):
+    """Lab 6's compiling checkers on the honest answers, or (``mistakes``) on each typical
+    mistake, in one process with 8 CPU devices."""
+    flags = f"HONEST, MISTAKES = {not mistakes}, {mistakes}\n"
+    return subprocess_runner(flags + SCRIPT, devices=8, timeout_s=600)
+
+
+def test_lab6_compiling_checkers_pass_honest_answers(subprocess_runner):
+    r = run_lab6_checks(subprocess_runner, mistakes=False)
+    # exercise 2: the honest FSDP passes
     assert r["fsdp"][0] == "passed", r["fsdp"]
     assert "Adam's moments sharded" in r["fsdp"][1]
+    # parallel.make_sharded_train_step("fsdp") is FSDP by lab 6's check: gathers, no all-to-all
+    assert r["package_fsdp_logic"][0] == "passed", r["package_fsdp_logic"]
+    # exercise 1: graded on a right FSDP step
+    assert r["pred"][0] == "passed", r["pred"]
+    assert r["pred_edited_after"][0] == "passed"  # the locked prediction is graded
+    assert "recorded before the measurement" in r["pred_edited_after"][1]
+    if hlo.tpu_compiler_available():
+        assert r["v5e"][0] == "passed", r["v5e"]
+        kinds = r["v5e"][1].split("All kinds:")[1]
+        # a permute appears when a shard is not whole 8-row tiles (the notebook's 784-row
+        # weight split on rows: 43,008 B); the message then says what it is
+        assert ("collective-permute" not in kinds) or "realigns shards" in r["v5e"][1]
+    else:
+        assert r["v5e"][0] == "skipped" and "TPU compiler" in r["v5e"][1]
+    assert r["bidi"][0] == "passed", r["bidi"]  # exercise 4
+    assert r["hier"][0] == "passed", r["hier"]  # exercise 5
+    # the grader: the honest answers pass the hidden inputs too
+    graded = dict(zip([e.title for e in ch06.LAB.exercises], r["graded"]))
+    for title, (status, message) in graded.items():
+        if title == ch06.EX3 and not hlo.tpu_compiler_available():
+            assert status == "skipped"
+        elif title == ch06.EX7:  # its own test below (a two-process run per check)
+            assert status == "not written"
+        else:
+            assert status == "passed", (title, message)
+
+
+@pytest.mark.mistake
+def test_lab6_compiling_checkers_name_each_mistake(subprocess_runner):
+    r = run_lab6_checks(subprocess_runner, mistakes=True)
+    # exercise 2: each mistake gets its own message
     status, message, hint, _ = r["fsdp_params_only"]
     assert status == "failed" and "Adam's moments are replicated" in message, message
     assert "optimizer state" in hint and "state.params" in hint
@@ -228,30 +271,17 @@ def test_lab6_compiling_checkers(subprocess_runner):
     assert r["fsdp_raises"][0] == "failed" and "ValueError" in r["fsdp_raises"][1]
     for key in ("fsdp_reference", "fsdp_package"):
         assert r[key][0] == "failed" and "course's own function" in r[key][1], r[key]
-    # parallel.make_sharded_train_step("fsdp") is FSDP by lab 6's check: gathers, no all-to-all
-    assert r["package_fsdp_logic"][0] == "passed", r["package_fsdp_logic"]
     assert r["fsdp_eight"][0] == "passed"  # the notebook's mesh cannot tell...
     assert r["fsdp_eight_hidden"][0] == "failed"  # ...another mesh and width can
     assert "replicated" in r["fsdp_eight_hidden"][1]
-    # exercise 1: graded on a right FSDP step only, never with a misleading hint
-    assert r["pred"][0] == "passed", r["pred"]
+    # exercise 1: never graded with a misleading hint while exercise 2 fails
     status, message, hint, _ = r["pred_moments_whole"]
     assert status == "failed" and "exercise 2 does not pass yet" in message, message
     assert "Adam's moments are replicated" in message and "exercise 2's check pass" in hint
-    assert r["pred_edited_after"][0] == "passed"  # the locked prediction is graded
-    assert "recorded before the measurement" in r["pred_edited_after"][1]
     if hlo.tpu_compiler_available():
-        assert r["v5e"][0] == "passed", r["v5e"]
-        kinds = r["v5e"][1].split("All kinds:")[1]
-        # a permute appears when a shard is not whole 8-row tiles (the notebook's 784-row
-        # weight split on rows: 43,008 B); the message then says what it is
-        assert ("collective-permute" not in kinds) or "realigns shards" in r["v5e"][1]
         assert r["v5e_ar"][0] == "failed"
         assert r["v5e_garbage"][0] == "failed"
-    else:
-        assert r["v5e"][0] == "skipped" and "TPU compiler" in r["v5e"][1]
     # exercise 4
-    assert r["bidi"][0] == "passed", r["bidi"]
     assert r["bidi_oneway"][0] == "failed" and "same way" in r["bidi_oneway"][1]
     for key in ("bidi_package", "bidi_reference"):
         assert r[key][0] == "failed" and "course's own function" in r[key][1], r[key]
@@ -259,20 +289,11 @@ def test_lab6_compiling_checkers(subprocess_runner):
     assert r["bidi_identity"][0] == "failed" and "sum" in r["bidi_identity"][1]
     assert r["bidi_ring_of_8_hidden"][0] == "failed"
     # exercise 5
-    assert r["hier"][0] == "passed", r["hier"]
     assert r["hier_flat"][0] == "failed" and "cross" in r["hier_flat"][1]
     assert r["hier_two_psums"][0] == "failed" and "cross" in r["hier_two_psums"][1]
     assert r["hier_slice_only"][0] == "failed" and "sum over all 8" in r["hier_slice_only"][1]
     assert r["hier_reference"][0] == "failed" and "course's own" in r["hier_reference"][1]
-    # the grader: the honest answers pass the hidden inputs too; typed-in sizes do not
-    graded = dict(zip([e.title for e in ch06.LAB.exercises], r["graded"]))
-    for title, (status, message) in graded.items():
-        if title == ch06.EX3 and not hlo.tpu_compiler_available():
-            assert status == "skipped"
-        elif title == ch06.EX7:  # its own test below (a two-process run per check)
-            assert status == "not written"
-        else:
-            assert status == "passed", (title, message)
+    # the grader: typed-in sizes fail the hidden inputs
     wrong = dict(zip([e.title for e in ch06.LAB.exercises], r["graded_wrong"]))
     for title in (ch06.EX2, ch06.EX4):
         status, message = wrong[title]
@@ -323,6 +344,7 @@ STRATEGY_MISTAKES = [
 
 
 @pytest.mark.parametrize("name, choose, words", STRATEGY_MISTAKES, ids=[m[0] for m in STRATEGY_MISTAKES])
+@pytest.mark.mistake
 def test_strategy_mistakes_are_named(name, choose, words):
     r = ch06.check_strategy(choose)
     assert r.status == "failed" and r.answer, r
@@ -350,6 +372,7 @@ def test_strategy_cases_separate_the_two_rules_and_every_slip():
                                                 (comms.recommend(*c) for c in hidden)]
 
 
+@pytest.mark.mistake
 def test_strategy_garbage():
     r = ch06.check_strategy(lambda *a: "dp")
     assert not r and "pair" in r.message
@@ -383,6 +406,7 @@ PREDICTION_MISTAKES = [
 
 @pytest.mark.parametrize("name, predicted, status, words, hint", PREDICTION_MISTAKES,
                          ids=[m[0] for m in PREDICTION_MISTAKES])
+@pytest.mark.mistake
 def test_prediction_mistakes_are_named(monkeypatch, name, predicted, status, words, hint):
     monkeypatch.setattr(ch06, "_needs_exercise2", lambda *a, **k: FakeReport())
     r = ch06.check_fsdp_prediction(predicted, lambda *a: None)
@@ -469,11 +493,13 @@ ROWS_MISTAKES = [
 
 
 @pytest.mark.parametrize("name, kwargs, words, hint", ROWS_MISTAKES, ids=[m[0] for m in ROWS_MISTAKES])
+@pytest.mark.mistake
 def test_process_rows_mistakes_are_named(rows_module, name, kwargs, words, hint):
     r = ch06.check_process_rows(getattr(rows_module, name), **kwargs)
     assert r.status == "failed" and words in r.message and hint in r.hint, (name, r)
 
 
+@pytest.mark.mistake
 def test_process_rows_refuses_course_code_and_lambdas():
     from tpu_course import multihost
     for cheat in (ref.process_rows, multihost.check_rows):

@@ -241,6 +241,7 @@ def test_honest_answers_pass_the_grader_also_on_unseen_inputs():
     assert ("one Mosaic custom call" in _core._LAST[(7, ch07.EX4)].message) == COMPILER
 
 
+@pytest.mark.mistake
 def test_blocks_typed_in_pass_the_notebook_but_not_the_grader():
     assert ch07.check_dense_relu(fixed_blocks)
     r = ch07.LAB.exercises[0].grade_hidden({"dense_relu": fixed_blocks}, SEED)
@@ -296,6 +297,7 @@ EX1_MISTAKES = [
 
 @pytest.mark.parametrize("what, answer, message, hint", EX1_MISTAKES,
                          ids=[m[0] for m in EX1_MISTAKES])
+@pytest.mark.mistake
 def test_dense_relu_mistakes_are_named(what, answer, message, hint):
     r = ch07.check_dense_relu(answer)
     assert r.status == "failed", (what, r)
@@ -308,11 +310,13 @@ def test_dense_relu_mistakes_are_named(what, answer, message, hint):
     lambda *a: honest_dense(*a, kernel=answers.dense_relu_kernel),
     lambda x, w, b, bm, bk, bn, i: jax.nn.relu(pallas_tools.matmul_ktiled(x, w, bm, bk, bn, i) + b),
     lambda x, w, b, *a: answers.dense_relu_xla(x, w, b)])
+@pytest.mark.mistake
 def test_dense_relu_refuses_the_courses_code(answer):
     r = ch07.check_dense_relu(answer)
     assert not r and "course's own function" in r.message and "write this yourself" in r.hint
 
 
+@pytest.mark.mistake
 def test_dense_relu_garbage():
     assert not ch07.check_dense_relu(lambda *a: "256")
     assert not ch07.check_dense_relu(42)
@@ -355,6 +359,7 @@ EX2_MISTAKES = [
 
 @pytest.mark.parametrize("what, answer, message, hint", EX2_MISTAKES,
                          ids=[m[0] for m in EX2_MISTAKES])
+@pytest.mark.mistake
 def test_footprint_mistakes_are_named(what, answer, message, hint):
     r = ch07.check_footprint(answer)
     assert not r and message in r.message and hint in r.hint and r.answer, (what, r)
@@ -488,12 +493,14 @@ EX4_MISTAKES = [
 
 @pytest.mark.parametrize("what, answer, message, hint", EX4_MISTAKES,
                          ids=[m[0] for m in EX4_MISTAKES])
+@pytest.mark.mistake
 def test_attention_scores_mistakes_are_named(what, answer, message, hint):
     r = ch07.check_attention_scores(answer, compiled=False)
     assert r.status == "failed", (what, r)
     assert message in r.message and hint in r.hint, (what, r)
 
 
+@pytest.mark.mistake
 def test_attention_scores_course_and_garbage():
     for answer in (answers.attention_scores_reference, answers.scores_reference,
                    lambda q, k, bq, i: answers.scores_reference(q, k)):
