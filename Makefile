@@ -80,7 +80,11 @@ test:
 	wait $$site; status=$$?; \
 	echo "make test-site (beside the newest line's tests):"; cat build/test-site.log; \
 	[ $$newest -eq 0 ] && [ $$status -eq 0 ]
-	@$(MAKE) --no-print-directory test-labs test-colab
+	@$(MAKE) --no-print-directory test-labs > build/test-labs.log 2>&1 & labs=$$!; \
+	$(MAKE) --no-print-directory test-colab; colab=$$?; \
+	wait $$labs; status=$$?; \
+	echo "make test-labs (beside the Colab line):"; cat build/test-labs.log; \
+	[ $$colab -eq 0 ] && [ $$status -eq 0 ]
 
 # Deprecation and future warnings fail the tests and the notebook kernels
 # (tpu_course/warnings_policy.py; conftest.py sets the same for a bare pytest).
@@ -116,16 +120,23 @@ test-labs: setup
 # The Colab line: every chapter executed and the unit tests, in one pytest run as on the
 # newest line; the chapters' outputs are compared loosely (--nbval-lax: a cell may not
 # raise, its text may differ, since versions print differently); then the unsolved labs
-# to their scorecards. Tests marked
+# to their scorecards (beside the tests: the labs' kernels fill what the tests leave
+# idle; so do the newest line's labs, which `make test` runs beside this). Tests marked
 # stack_independent (authoring tools, the grader's process handling, pure numpy models)
 # ran on the newest line already, and so did those marked mistake (a typical mistake fed
 # to a lab's checker: the hint it gets is the checker's logic). The solutions run on the
 # newest line; here the unit tests grade honest answers written unlike the course's
 # through each lab's checkers, and the unsolved labs run every other cell of theirs.
+COLAB_TESTS := -m "not site and not stack_independent and not mistake" \
+	--nbval-lax --nbval-cell-timeout=300 $(CHAPTERS) tests tpu_course tools
 test-colab: setup-colab
-	$(PY_COLAB) -m pytest -q -ra $(XDIST) -m "not site and not stack_independent and not mistake" \
-	  --nbval-lax --nbval-cell-timeout=300 $(CHAPTERS) tests tpu_course tools
-	$(PY_COLAB) -m tools.notebooks run-labs --jobs $(JOBS)
+	@mkdir -p build
+	@$(PY_COLAB) -m tools.notebooks run-labs --jobs $(JOBS) > build/test-colab-labs.log 2>&1 & labs=$$!; \
+	echo '$(PY_COLAB) -m pytest -q -ra $(XDIST) $(COLAB_TESTS)'; \
+	$(PY_COLAB) -m pytest -q -ra $(XDIST) $(COLAB_TESTS); tests=$$?; \
+	wait $$labs; status=$$?; \
+	echo "run-labs on Colab's stack (beside its tests):"; cat build/test-colab-labs.log; \
+	[ $$tests -eq 0 ] && [ $$status -eq 0 ]
 
 # The website from the committed notebooks (never executed here), warnings as errors,
 # then its relative links checked offline.
