@@ -34,6 +34,7 @@ LONGEST    := notebooks/08_language_model.ipynb notebooks/05_first_model.ipynb \
               notebooks/07_pallas_kernels.ipynb notebooks/06_scaling_out.ipynb
 CHAPTERS   := $(LONGEST) $(filter-out $(LONGEST),$(wildcard notebooks/*.ipynb))
 SOLUTIONS  := $(wildcard solutions/*.ipynb)
+UNIT       := tests tpu_course tools
 
 .PHONY: help setup setup-colab lab test test-newest test-unit test-notebooks test-labs test-colab test-site site slides labs sync notebooks bench doctor preflight clean
 
@@ -103,12 +104,12 @@ test-newest test-unit test-notebooks test-labs test-colab: export JAX_PERSISTENT
 # test-unit and test-notebooks run the two halves alone.
 test-newest: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -ra $(XDIST) $(NBVAL) $(CHAPTERS) $(SOLUTIONS) tests tpu_course tools
+	$(PY) -m pytest -q -ra $(XDIST) $(NBVAL) $(CHAPTERS) $(SOLUTIONS) $(UNIT)
 	$(PY) -m tools.notebooks check
 
 test-unit: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -ra $(XDIST) tests tpu_course tools
+	$(PY) -m pytest -q -ra $(XDIST) $(UNIT)
 	$(PY) -m tools.notebooks check
 
 test-notebooks: setup
@@ -119,16 +120,16 @@ test-labs: setup
 
 # The Colab line: every chapter executed and the unit tests, in one pytest run as on the
 # newest line; the chapters' outputs are compared loosely (--nbval-lax: a cell may not
-# raise, its text may differ, since versions print differently); then the unsolved labs
-# to their scorecards (beside the tests: the labs' kernels fill what the tests leave
-# idle; so do the newest line's labs, which `make test` runs beside this). Tests marked
+# raise, its text may differ, since versions print differently); beside that run, the
+# unsolved labs to their scorecards (their kernels fill what the tests leave idle; so do
+# the newest line's labs, which `make test` runs beside this). Tests marked
 # stack_independent (authoring tools, the grader's process handling, pure numpy models)
 # ran on the newest line already, and so did those marked mistake (a typical mistake fed
 # to a lab's checker: the hint it gets is the checker's logic). The solutions run on the
 # newest line; here the unit tests grade honest answers written unlike the course's
 # through each lab's checkers, and the unsolved labs run every other cell of theirs.
 COLAB_TESTS := -m "not site and not stack_independent and not mistake" \
-	--nbval-lax --nbval-cell-timeout=300 $(CHAPTERS) tests tpu_course tools
+	--nbval-lax --nbval-cell-timeout=300 $(CHAPTERS) $(UNIT)
 test-colab: setup-colab
 	@mkdir -p build
 	@$(PY_COLAB) -m tools.notebooks run-labs --jobs $(JOBS) > build/test-colab-labs.log 2>&1 & labs=$$!; \
