@@ -2,10 +2,11 @@
 ``tpu_course/reference/lm-cpu-600.json`` that the chapter reads (package data).
 
 Trains ``LMConfig.cpu()`` for 600 steps (batch 32 x 128 bytes, AdamW, warmup-cosine,
-bf16 compute) on one CPU device with ``tpu_course.lm.run``, the chapter's recipe,
-scoring held-out bits per byte every 50 steps, then samples 300 bytes greedily from a
-prompt. The chapter trains ~100 steps itself and shows this file, labelled as a
-committed measurement, for the rest of the curve. About 10-20 minutes on a 2-core CPU:
+float32 compute, as the chapter trains on a CPU) on one CPU device with
+``tpu_course.lm.run``, the chapter's recipe, scoring held-out bits per byte every 50
+steps, then samples 300 bytes greedily from a prompt. The chapter trains ~100 steps
+itself and shows this file, labelled as a committed measurement, for the rest of the
+curve. About 10-20 minutes on a 2-core CPU:
 
     .venv/bin/python -m tools.lm_reference [--steps 600] [--out PATH]
 """
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tpu_course import lm, runtime, textdata
 
-    config = lm.LMConfig.cpu()
+    config = lm.LMConfig.cpu(compute_dtype="float32")  # what the chapter trains on a CPU
     start = time.perf_counter()
     history = lm.run(config, args.steps, batch=32, seed=0, eval_every=50,
                      log=lambda r: print(json.dumps(r), flush=True)
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = textdata.load()
     result = {
         "what": "chapter 8's long run: LMConfig.cpu(), batch 32 x 128, AdamW "
-                "warmup-cosine (peak 3e-3), bf16 compute, one CPU device",
+                "warmup-cosine (peak 3e-3), float32 compute, one CPU device",
         "written_by": "python -m tools.lm_reference",
         "date": datetime.date.today().isoformat(),
         "runtime": runtime.describe().banner(),
