@@ -25,7 +25,9 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # sandbox, multi-host ranks, doctor probes, a killed training run). On 2 cores, three
 # workers kept the CPU 148 % busy through the unit tests: 319 s against 347 s with two.
 JOBS  ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
-XDIST := -n $(JOBS) --dist loadfile
+# Whole files to a worker, longest first (the order conftest.py's RUN_FIRST sets; xdist's
+# default reorder, by number of items per file, would undo it).
+XDIST := -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # Unsolved labs run at once (make test-labs). `make test` runs both lines' labs one at a
 # time beside the Colab line's tests: three at a time each (nine busy processes on two
 # cores with the tests) slowed chapter 8's cells there fourfold.
@@ -37,11 +39,7 @@ LAB_JOBS ?= $(JOBS)
 # CI's minutes.
 CELL_TIMEOUT := --nbval-cell-timeout=600
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg $(CELL_TIMEOUT)
-# The chapters, longest first (pytest-xdist hands out files in this order, so the long
-# ones do not start last and run alone at the end), then the solutions.
-LONGEST    := notebooks/08_language_model.ipynb notebooks/05_first_model.ipynb \
-              notebooks/07_pallas_kernels.ipynb notebooks/06_scaling_out.ipynb
-CHAPTERS   := $(LONGEST) $(filter-out $(LONGEST),$(wildcard notebooks/*.ipynb))
+CHAPTERS   := $(wildcard notebooks/*.ipynb)
 SOLUTIONS  := $(wildcard solutions/*.ipynb)
 UNIT       := tests tpu_course tools
 
@@ -108,8 +106,9 @@ test-colab: export JAX_COMPILATION_CACHE_DIR := $(CURDIR)/build/jax-cache/colab
 test-newest test-unit test-notebooks test-labs test-colab: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS := 0.2
 
 # The newest line: the unit tests and the notebooks in one pytest run, the longest
-# notebooks handed out first and the unit tests' files filling the other workers (run
-# one after the other, the last notebook ran alone on a half-idle machine for minutes).
+# files (notebooks and test files alike) handed out first and the short ones filling the
+# workers (run one after the other, the last notebook ran alone on a half-idle machine
+# for minutes).
 # test-unit and test-notebooks run the two halves alone.
 test-newest: setup
 	$(PY) -m ruff check .
