@@ -109,16 +109,15 @@ test-newest test-unit test-notebooks test-labs test-colab: export JAX_PERSISTENT
 # files (notebooks and test files alike) handed out first and the short ones filling the
 # workers (run one after the other, the last notebook ran alone on a half-idle machine
 # for minutes).
-# test-unit and test-notebooks run the two halves alone.
+# test-unit and test-notebooks run the two halves alone. (`python -m tools.notebooks
+# check`, the drift check, runs inside the unit tests: tests/test_notebooks.py.)
 test-newest: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -ra $(XDIST) $(NBVAL) $(CHAPTERS) $(SOLUTIONS) $(UNIT)
-	$(PY) -m tools.notebooks check
 
 test-unit: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -ra $(XDIST) $(UNIT)
-	$(PY) -m tools.notebooks check
 
 test-notebooks: setup
 	$(PY) -m pytest -q $(XDIST) $(NBVAL) $(CHAPTERS) $(SOLUTIONS)
