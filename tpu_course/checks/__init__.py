@@ -1,11 +1,14 @@
-"""Lab checkers, one sub-module per chapter (``checks.ch01`` ... ``checks.ch08``).
+"""Lab checks, one sub-module per chapter (``checks.ch01`` ... ``checks.ch08``).
 
-Each chapter module holds its lab's registry, ``LAB`` (a :class:`Lab`): every exercise
-with its title, minutes, what it needs and its checker. A checker returns a
-:class:`CheckResult` and never raises: "passed", "failed" (with a hint; the expected
-answer only through :func:`reveal`), "not written" or "skipped" (what the runtime lacks).
-``LAB.scorecard(globals())`` at the end of a lab re-runs every checker and totals them.
-Chapter sub-modules load on first use (``checks.ch05``), since some of them import JAX.
+Each chapter module declares its lab, ``LAB`` (a :class:`~tpu_course.checks.engine.Lab`):
+every exercise once, as an :class:`~tpu_course.checks.engine.Exercise` (what the learner
+provides, the visible cases, how the learner's code is run, how its output is compared).
+A check cell calls the exercise's check, which never raises: "passed", "failed" (with a
+hint; the expected answer only through :func:`reveal`), "not written" or "skipped".
+``LAB.scorecard(globals())`` at the end of a lab totals them. References, hidden cases and
+known mistakes are not here: they live in the repository's ``grading/`` folder, which
+``tpu-course grade`` loads (see :mod:`tpu_course.checks.engine`). Chapter sub-modules load
+on first use (``checks.ch05``), since some of them import JAX.
 """
 
 from __future__ import annotations
@@ -15,18 +18,14 @@ import operator
 from typing import Any
 
 from tpu_course.errors import CourseValueError
-
-from tpu_course.checks._core import (
-    KINDS, NEEDS, CheckResult, Exercise, Lab, NotWritten, NotWrittenError, Scorecard, Verdict,
-    as_number, course_code_used, grading_seed, names_used, refuse, refuse_course_code,
-    close_enough, fail, is_not_written, not_written, ok, reveal, skip_if_not_written, skipped,
+from tpu_course.checks.engine import (
+    KINDS, NEEDS, Case, CheckResult, Exercise, Lab, Mistake, NotWritten, NotWrittenError,
+    Scorecard, fail, is_not_written, not_written, ok, reveal, skip_if_not_written, skipped,
 )
 
 __all__ = [
-    "KINDS", "NEEDS", "CheckResult", "Exercise", "Lab", "NotWritten", "NotWrittenError",
-    "Scorecard", "Verdict", "as_number", "course_code_used", "grading_seed", "names_used",
-    "refuse",
-    "refuse_course_code", "close_enough", "fail", "is_not_written", "not_written", "ok", "reveal",
+    "KINDS", "NEEDS", "Case", "CheckResult", "Exercise", "Lab", "Mistake", "NotWritten",
+    "NotWrittenError", "Scorecard", "fail", "is_not_written", "not_written", "ok", "reveal",
     "skip_if_not_written", "skipped", "LABS", "lab",
 ]
 #: The chapter modules that hold a lab, in order.

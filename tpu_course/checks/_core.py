@@ -56,7 +56,7 @@ KINDS = ("write", "apply", "predict")
 WIDTH = 88
 
 #: The last result of each exercise, keyed by (lab number, title), for :func:`reveal`.
-_LAST: dict[tuple[int, str], "CheckResult"] = {}
+from tpu_course.checks.engine import _LAST  # noqa: E402  (one registry for reveal)
 #: Predictions recorded in this kernel, keyed by (lab number, title): the values and
 #: whether the measurement has been shown (then they are locked).
 _PREDICTIONS: dict[tuple[int, str], "_Prediction"] = {}
@@ -234,62 +234,11 @@ def _no_such_exercise(exercise: Any, lab: int | None) -> str | None:
     return f"{where}{verb} exercise {exercise!r}: {have}."
 
 
-# -- stubs the lab generator writes ------------------------------------------------------
+# -- stubs: one class with the engine's (tpu_course.checks.engine) --
 
-
-class NotWrittenError(NotImplementedError):
-    """Raised when code uses the value of an exercise the learner has not written yet."""
-
-
-class NotWritten:
-    """The value an unwritten exercise leaves behind in a lab (``x = NotWritten("Exercise 2")``).
-
-    Using it (arithmetic, formatting, calling it, indexing it, converting it to a number
-    or an array) raises :class:`NotWrittenError`, which a cell wrapped in
-    :func:`skip_if_not_written` turns into a "skipped" line; checkers report it as "not
-    written yet".
-    """
-
-    def __init__(self, exercise: str) -> None:
-        object.__setattr__(self, "exercise", exercise)
-
-    def _raise(self, *_: Any, **__: Any) -> Any:
-        raise NotWrittenError(f"{self.exercise} is not written yet")
-
-    def __repr__(self) -> str:
-        return f"NotWritten({self.exercise!r})"
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # keep Python's and IPython's protocol probes working
-            raise AttributeError(name)
-        self._raise()
-
-    __call__ = __getitem__ = __iter__ = __len__ = __bool__ = __float__ = __int__ = _raise
-    __index__ = __array__ = __format__ = __neg__ = __abs__ = _raise
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _raise
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __pow__ = __rpow__ = _raise
-    __matmul__ = __rmatmul__ = __lt__ = __le__ = __gt__ = __ge__ = _raise
-
-
-def is_not_written(value: Any) -> bool:
-    """True for a :class:`NotWritten` stub value."""
-    return isinstance(value, NotWritten)
-
-
-@contextlib.contextmanager
-def skip_if_not_written() -> Iterator[None]:
-    """Run a cell that depends on exercises; if one is not written yet, say so and skip.
-
-    >>> with skip_if_not_written():
-    ...     NotWritten("Exercise 2") + 1
-    skipped: Exercise 2 is not written yet
-    """
-    try:
-        yield
-    except NotImplementedError as err:
-        what = str(err) or "an exercise this cell uses is not written yet"
-        what = what.replace(": write your code here", " is not written yet")
-        print(f"skipped: {what}")
+from tpu_course.checks.engine import (  # noqa: E402
+    NotWritten, NotWrittenError, is_not_written, skip_if_not_written,
+)
 
 
 # -- reading a learner's answer safely --------------------------------------------------
@@ -683,7 +632,7 @@ class Exercise:
         return ok(self.title, f"right on the notebook's input and on {len(cases)} unseen ones")
 
 
-_LABS: dict[int, "Lab"] = {}
+from tpu_course.checks.engine import _LABS  # noqa: E402
 
 
 def _registry_of(exercise: Exercise) -> list[Exercise]:

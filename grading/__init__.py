@@ -1,0 +1,198 @@
+"""What only grading needs: references, hidden cases and known mistakes, one module per lab.
+
+This folder is part of the repository, not of the package learners install (a test holds
+the built wheel free of it). ``grading/chNN.py`` holds ``KEYS``: for each exercise of
+``tpu_course.checks.chNN.LAB`` (by its short title, ``"Exercise 1"``) a :class:`Key` with
+the reference (what a right answer provides: the function, or the values), the hidden
+cases drawn from a seed, and the known mistakes, each a wrong answer (or a rule on the
+outputs) with the hint that names it. The exercise's public half (what it provides, the
+visible cases, the probe, the comparison) is its declaration in the package.
+
+``python -m grading build`` stores what the notebook's checks need of the keys for the
+visible cases (the expected outputs and each mistake's output) in
+``tpu_course/checks/visible/chNN.json``; ``python -m grading check`` says whether that is
+current. The grader (``tpu-course grade``) loads this folder from the checkout it runs in,
+or from ``--keys DIR``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from tpu_course import checks
+from tpu_course.checks import engine
+from tpu_course.checks.engine import Case, Exercise, Mistake
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """The grading half of one exercise: ``reference`` (a right answer, shaped as the
+    learner provides it), ``hidden(rng)`` (cases the notebook does not show), ``mistakes``."""
+
+    reference: Any = None
+    hidden: Callable[[np.random.Generator], Sequence[Case]] | None = None
+    mistakes: Sequence[Mistake] = ()
+
+
+def keys(lab: int) -> dict[str, Key]:
+    """Lab ``lab``'s keys by short title."""
+    return importlib.import_module(f"{__name__}.ch{lab:02d}").KEYS
+
+
+def as_answer(exercise: Exercise, answer: Any) -> dict[str, Any]:
+    """``answer`` as the learner's names: a mapping of them, one object for a one-name
+    exercise, or a tuple in the declared order."""
+    names = exercise.provides
+    if isinstance(answer, Mapping) and set(answer) == set(names):
+        return dict(answer)
+    if len(names) == 1:
+        return {names[0]: answer}
+    if isinstance(answer, tuple) and len(answer) == len(names):
+        return dict(zip(names, answer))
+    raise TypeError(f"{exercise.title}: an answer must provide {names}, not {answer!r:.80}")
+
+
+def rng_for(secret: str, learner: str, lab: int, title: str) -> np.random.Generator:
+    """The hidden cases' generator: from the instructor's secret, never from file names."""
+    digest = hashlib.sha256("\0".join([secret, learner, str(lab),
+                                       engine.short(title)]).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:16], "little"))
+
+
+def cases_for(exercise: Exercise, key: Key, rng: np.random.Generator | None) -> list[Case]:
+    """The visible cases, then (with ``rng``) the hidden ones."""
+    hidden = list(key.hidden(rng)) if rng is not None and key.hidden is not None else []
+    return [*exercise.cases, *hidden]
+
+
+def _output(exercise: Exercise, answer: Any, case: Case) -> Any:
+    """``answer``'s output on ``case`` (a :class:`~engine.Raised` when it raised)."""
+    try:
+        (got,) = exercise.run(as_answer(exercise, answer), [case])
+    except NotImplementedError as err:
+        return engine.Raised("NotImplementedError", str(err))
+    return got
+
+
+def expected(exercise: Exercise, key: Key, cases: Sequence[Case]
+             ) -> tuple[list[Any], list[list[tuple[Mistake, Any]]]]:
+    """The expected output of each case and each mistake's output on it (None for a rule),
+    computed here, in the grader's process, from the reference and the instrument."""
+    if exercise.expect is not None:
+        wants = [engine.plain(exercise.expect(c)) for c in cases]
+    else:
+        wants = [_output(exercise, key.reference, c) for c in cases]
+    known = [*exercise.rules, *key.mistakes]
+    mistakes = [[(m, engine.NO_OUTPUT if m.answer is None else _output(exercise, m.answer, c))
+                 for m in known] for c in cases]
+    return wants, mistakes
+
+
+def grade(exercise: Exercise, key: Key, outputs: Sequence[Any], cases: Sequence[Case]
+          ) -> engine.CheckResult:
+    """The verdict on a submission's outputs (plain data) over ``cases``."""
+    reason = exercise.unmet()
+    if reason:
+        return engine.skipped(exercise.title, reason)
+    if len(outputs) != len(cases):
+        return engine.fail(exercise.title, f"the submission returned {len(outputs)} outputs "
+                                           f"for {len(cases)} inputs")
+    wants, mistakes = expected(exercise, key, cases)
+    return engine.judge(exercise, cases, outputs, wants, mistakes,
+                        hidden_from=len(exercise.cases))
+
+
+def check(exercise: Exercise, key: Key, answer: Any, rng: np.random.Generator | None = None
+          ) -> engine.CheckResult:
+    """Grade ``answer`` (trusted code: a key's reference or mistake, a test's honest
+    solution) in this process, on the visible cases and, with ``rng``, hidden ones."""
+    cases = cases_for(exercise, key, rng)
+    try:
+        outputs = exercise.run(as_answer(exercise, answer), cases)
+    except NotImplementedError:
+        return engine.not_written(exercise.title)
+    return grade(exercise, key, outputs, cases)
+
+
+# -- the visible cases' stored data --------------------------------------------------------
+
+
+def visible_data(lab: int) -> dict:
+    """What lab ``lab``'s notebook checks need of the keys (see the module docstring)."""
+    registry = checks.lab(lab)
+    table = keys(lab)
+    unknown = set(table) - {engine.short(e.title) for e in registry.exercises}
+    if unknown:
+        raise KeyError(f"grading/ch{lab:02d}.py has keys for no exercise: {sorted(unknown)}")
+    data = {}
+    for ex in registry.exercises:
+        key = table.get(engine.short(ex.title), Key())
+        if ex.expect is None and ex.kind == "predict":
+            raise ValueError(f"{ex.title}: a prediction's expected value must come from an "
+                             "instrument (expect=), or the wheel would hold its answer")
+        wants, mistakes = expected(ex, key, ex.cases)
+        entry = {"mistakes": [[[m.hint, engine.encode(out)] for m, out in per
+                               if m.answer is not None and not isinstance(out, engine.Raised)]
+                              for per in mistakes]}
+        if ex.expect is None:
+            failed = [w for w in wants if isinstance(w, engine.Raised)]
+            if failed:
+                raise ValueError(f"{ex.title}: the reference failed on a visible case: "
+                                 f"{failed[0]}")
+            entry["wants"] = [engine.encode(w) for w in wants]
+        else:
+            entry["wants"] = [None] * len(ex.cases)
+        data[ex.title] = entry
+    return data
+
+
+def _path(lab: int):
+    return engine.VISIBLE / f"ch{lab:02d}.json"
+
+
+def build(labs: Sequence[int]) -> None:
+    engine.VISIBLE.mkdir(exist_ok=True)
+    for lab in labs:
+        _path(lab).write_text(json.dumps(visible_data(lab), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {_path(lab)}")
+
+
+def stale(labs: Sequence[int]) -> list[int]:
+    """The labs whose stored visible data differ from what the keys give now."""
+    out = []
+    for lab in labs:
+        try:
+            stored = json.loads(_path(lab).read_text())
+        except (OSError, ValueError):
+            stored = None
+        if stored != json.loads(json.dumps(visible_data(lab), sort_keys=True)):
+            out.append(lab)
+    return out
+
+
+def ported() -> list[int]:
+    """The labs that have keys here."""
+    return [n for n in range(1, len(checks.LABS) + 1)
+            if importlib.util.find_spec(f"{__name__}.ch{n:02d}") is not None]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else "check"
+    labs = [int(a) for a in args[1:]] or ported()
+    if command == "build":
+        build(labs)
+        return 0
+    bad = stale(labs)
+    if bad:
+        print(f"stale visible data for labs {bad}: run python -m grading build")
+        return 1
+    print("visible data current for labs", labs)
+    return 0

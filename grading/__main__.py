@@ -1,0 +1,5 @@
+import sys
+
+from grading import main
+
+sys.exit(main())
