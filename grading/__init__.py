@@ -138,9 +138,9 @@ def visible_data(lab: int) -> dict:
             raise ValueError(f"{ex.title}: a prediction's expected value must come from an "
                              "instrument (expect=), or the wheel would hold its answer")
         wants, mistakes = expected(ex, key, ex.cases)
-        entry = {"mistakes": [[[m.hint, engine.encode(out)] for m, out in per
-                               if m.answer is not None and not isinstance(out, engine.Raised)]
-                              for per in mistakes]}
+        entry = {"mistakes": [[[m.hint, _NO if m.answer is None or (
+            isinstance(out, engine.Raised) and out.kind != "Wrong") else engine.encode(out)]
+            for m, out in per] for per in mistakes]}
         if ex.expect is None:
             failed = [w for w in wants if isinstance(w, engine.Raised)]
             if failed:
@@ -151,6 +151,10 @@ def visible_data(lab: int) -> dict:
             entry["wants"] = [None] * len(ex.cases)
         data[ex.title] = entry
     return data
+
+
+#: A mistake with no output to store on a case (a rule, or a mistake that crashed there).
+_NO = engine.STORED_NO_OUTPUT
 
 
 def _path(lab: int):

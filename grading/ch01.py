@@ -209,8 +209,6 @@ EX3 = Key(
                 "(SCALE-Sim's count); the MXU loads the next fold's weights while the current "
                 "one streams, so folds follow each other max(T, R) apart",
                 _gemm(lambda m, k, n, s: systolic.cycle_count(m, k, n, s, s, "ws", "scalesim"))),
-        Mistake("only the first weight load is exposed: folds overlap, max(T, R) apart",
-                _gemm(lambda m, k, n, s: math.ceil(k / s) * math.ceil(n / s) * (m + 3 * s - 2))),
         Mistake("you counted the padded MACs as useful: only M*K*N are", _padded(_tpu)),
         Mistake("your utilisation looks like a percentage: give it as a fraction between 0 "
                 "and 1", tuple((c, 100 * u) for c, u in _gemm(_tpu)[:2]) + (256,)),

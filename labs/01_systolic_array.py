@@ -26,8 +26,9 @@
 #
 # A prediction is recorded with `checks.ch01.LAB.predict(...)` before its measurement is
 # shown, and it is locked once the measurement has been shown in this session: the check
-# grades that recorded value. (`tpu-course grade` re-runs the notebook and grades the value
-# in the cell.)
+# grades that recorded value. (Grading reads each prediction as it stands at the end of the
+# cell that states it, before any later cell runs.) The checks here are feedback on the
+# inputs this notebook shows; grading also tries inputs it does not show.
 #
 # Notation as in the chapter: Y[M x N] = A[M x K] @ B[K x N] on an array of `R` rows and
 # `C` columns; `F` folds (tiles of B the array takes one after another), `T` vectors
@@ -269,8 +270,8 @@ checks.ch01.check_gemm_prediction(predicted_128, predicted_256, finishes_first)
 # showed utilisation against a square size. Here the weights are fixed and you choose
 # the batch: write `smallest_batch(K, N, rows, cols)`, the smallest M at which the
 # weight-stationary array (`timing="tpu"`) is at least 90 % busy (wastes under 10 % of
-# its cell-cycles), or `None` when no batch gets there. Reason from the cycle model (the
-# `systolic` functions that compute cycles or utilisation are not an answer); the
+# its cell-cycles), or `None` when no batch gets there. Reason from the cycle model (calling
+# the `systolic` functions that compute cycles or utilisation skips the exercise); the
 # checker tries a layer with many folds, one with a single fold, a v6e-sized array, a
 # non-square array (`rows != cols`), and one more; grading tries other layers and arrays.
 
@@ -291,7 +292,7 @@ checks.ch01.check_smallest_batch(smallest_batch)
 # rows, cols)` returning `'ws'`, `'is'` or `'os'`: the one with the fewest cycles for this
 # shape (`timing="tpu"`). Derive it from what each dataflow keeps in the cells (the
 # chapter's table: which dimensions fill the rows and columns, which one streams), not by
-# running `systolic` (the check refuses an answer that calls it). Arrays need not be
+# running `systolic` (that would skip the reasoning this exercise is for). Arrays need not be
 # square: with `rows != cols` it matters which dimension lies along the rows. The cell
 # after the check simulates your choice against the others.
 

@@ -465,6 +465,8 @@ class Mistake:
 
 #: The output of a mistake given as a rule (``when=``): there is none to compare with.
 NO_OUTPUT = object()
+#: How the stored visible data writes :data:`NO_OUTPUT`.
+STORED_NO_OUTPUT = "<no output>"
 
 
 def call(answer: Mapping[str, Any], case: Case) -> Any:
@@ -494,6 +496,8 @@ class Exercise:
     expect: Callable[[Case], Any] | None = None
     rules: tuple[Mistake, ...] = ()
     hint: str = "try your code on the failing input yourself and compare with the chapter"
+    #: What a pass teaches, appended to its message ("the bigger array wins on time ...").
+    success: str = ""
     time_limit_s: float = 60.0
     lab: int = 0
 
@@ -541,7 +545,7 @@ class Exercise:
                 raise
             except Wrong as err:
                 outputs.append(Raised("Wrong", f"{err}|{err.hint}"))
-            except BaseException as err:  # noqa: BLE001 - a learner's code may raise anything
+            except BaseException as err:
                 if isinstance(err, KeyboardInterrupt) and not isinstance(err, _Timeout):
                     raise
                 outputs.append(Raised(type(err).__name__, str(err)[:300]))
@@ -615,7 +619,8 @@ def _stored(exercise: Exercise, required: bool) -> dict | None:
                               "sandbox hides them)")
         return None
     return {"wants": [decode(w) for w in entry["wants"]],
-            "mistakes": [[(h, decode(o)) for h, o in per] for per in entry["mistakes"]]}
+            "mistakes": [[(h, NO_OUTPUT if o == STORED_NO_OUTPUT else decode(o)) for h, o in per]
+                         for per in entry["mistakes"]]}
 
 
 def judge(exercise: Exercise, cases: Sequence[Case], outputs: Sequence[Any],
@@ -630,8 +635,11 @@ def judge(exercise: Exercise, cases: Sequence[Case], outputs: Sequence[Any],
         where = case.label if hidden_from is None or i < hidden_from else (
             f"an input the notebook does not show ({case.label})")
         if isinstance(got, Raised):
+            named = _recognise(exercise, cases, outputs, wants, mistakes, i)
+            message, _, hint = got.message.partition("|")
+            if named:
+                return fail(title, f"on {where}: {message}", hint=named)
             if got.kind == "Wrong":
-                message, _, hint = got.message.partition("|")
                 return fail(title, f"on {where}: {message}", hint=hint or exercise.hint)
             if got.kind in ("_Timeout", "TimeoutError"):
                 return fail(title, f"on {where}: {got.message}",
@@ -645,28 +653,46 @@ def judge(exercise: Exercise, cases: Sequence[Case], outputs: Sequence[Any],
             return fail(title, f"on {where}: {err}", hint=err.hint or exercise.hint)
         if problem is None:
             continue
-        hint = _recognise(exercise, got, want, case, mistakes[i] if i < len(mistakes) else ())
+        hint = _recognise(exercise, cases, outputs, wants, mistakes, i)
         return fail(title, f"on {where}: {problem}", hint=hint or exercise.hint,
                     answer=_brief(want, 400))
     extra = "" if hidden_from is None or hidden_from >= len(cases) else (
         f", {len(cases) - hidden_from} of them not shown in the notebook")
-    return ok(title, f"right on all {len(cases)} input(s){extra}" if len(cases) > 1 else
-                     "correct")
+    message = f"right on all {len(cases)} inputs{extra}" if len(cases) > 1 else "correct"
+    return ok(title, f"{message}: {exercise.success}" if exercise.success else message)
 
 
-def _recognise(exercise: Exercise, got: Any, want: Any, case: Case,
-               known: Sequence[tuple[Mistake, Any]]) -> str:
-    for mistake, output in known:
-        try:
-            if mistake.when is not None:
-                if mistake.when(got, want, case):
-                    return mistake.hint
-            elif output is not NO_OUTPUT and not isinstance(output, Raised) \
-                    and exercise.compare(got, output, case) is None:
-                return mistake.hint
-        except Exception:  # noqa: BLE001 - a rule that cannot read this output does not match
-            continue
-    return ""
+def _matches(exercise: Exercise, mistake: Mistake, output: Any, got: Any, want: Any,
+             case: Case) -> bool:
+    """Whether the learner's output ``got`` is what ``mistake`` gives (``output``)."""
+    try:
+        if mistake.when is not None:
+            return bool(mistake.when(got, want, case))
+        if output is NO_OUTPUT:
+            return False
+        if isinstance(output, Raised) or isinstance(got, Raised):
+            return isinstance(output, Raised) and output == got
+        return exercise.compare(got, output, case) is None
+    except Exception:  # noqa: BLE001 - a rule that cannot read this output does not match
+        return False
+
+
+def _recognise(exercise: Exercise, cases: Sequence[Case], outputs: Sequence[Any],
+               wants: Sequence[Any], mistakes: Sequence[Sequence[tuple[Mistake, Any]]],
+               i: int) -> str:
+    """The hint of the known mistake that gives the learner's output on case ``i``; of
+    several, the one that also explains the most of the other cases."""
+    def explains(k: int, j: int) -> bool:
+        if j >= len(mistakes) or k >= len(mistakes[j]):
+            return False
+        mistake, output = mistakes[j][k]
+        return _matches(exercise, mistake, output, outputs[j], wants[j], cases[j])
+
+    found = [k for k in range(len(mistakes[i]) if i < len(mistakes) else 0) if explains(k, i)]
+    if not found:
+        return ""
+    best = max(found, key=lambda k: sum(explains(k, j) for j in range(len(cases)) if j != i))
+    return mistakes[i][best][0].hint
 
 
 # -- time limits (a learner's loop that never ends) --------------------------------------------
