@@ -51,16 +51,22 @@ def make_cycle(feed=lambda s, r, rows: s - r, move="right", psum="down", wrap=Fa
 
 
 def _ex1_hidden(rng):
+    def seed():
+        return int(rng.integers(1 << 30))
+
     rows, cols = sorted(_non_square(rng, 2, 5), reverse=True)
-    tall = _cycle_case(rows, cols, int(rng.integers(rows, rows + 4)), rows, cols,
-                       int(rng.integers(1 << 30)), "a tall non-square array")
+    tall = _cycle_case(rows, cols, int(rng.integers(rows, rows + 4)), rows, cols, seed(),
+                       "a tall non-square array")
     rows, cols = sorted(_non_square(rng, 2, 6))
-    wide = _cycle_case(rows, cols, int(rng.integers(2, 7)), max(1, rows - 1), cols - 1,
-                       int(rng.integers(1 << 30)), "a wide array holding a smaller tile of b")
+    wide = _cycle_case(rows, cols, int(rng.integers(2, 7)), max(1, rows - 1), cols - 1, seed(),
+                       "a wide array holding a smaller tile of b")
     side = int(rng.integers(3, 6))
-    short = _cycle_case(side, side, int(rng.integers(1, side)), side, side,
-                        int(rng.integers(1 << 30)), "a batch shorter than the array")
-    return [tall, wide, short]
+    short = _cycle_case(side, side, int(rng.integers(1, side)), side, side, seed(),
+                        "a batch shorter than the array")
+    rows, cols = _non_square(rng, 2, 5)
+    anything = _cycle_case(rows, cols, int(rng.integers(2, 6)), rows, cols, seed(),
+                           "a non-square array", random=True)
+    return [tall, wide, short, anything]
 
 
 def _swapped(w, act, psum, a, s):
@@ -335,6 +341,7 @@ def _ex5_hidden(rng):
 
 
 EX5 = Key(
+    reference=make_dataflow(),
     hidden=_ex5_hidden,
     mistakes=[
         Mistake("input-stationary keeps a transposed in the cells: K along the rows, M along "

@@ -107,3 +107,15 @@ def test_a_step_that_keeps_state_is_refused():
 
     result = assess.graded(LAB, "Exercise 1", counting)
     assert result.status == "failed" and "besides its arguments" in result.message
+
+
+def test_the_simulators_trace_is_not_an_answer():
+    # A step read off the simulator ignores the registers it is given: grading feeds
+    # registers holding any values, where only a real step is right.
+    def from_the_simulator(w, act, psum, a, s):
+        k = a.shape[1]
+        run = systolic.simulate(a, w[:k], *w.shape, trace=True)
+        frame = run.trace[w.shape[0] + s]
+        return np.nan_to_num(frame.horizontal), np.nan_to_num(frame.vertical)
+
+    assert assess.graded(LAB, "Exercise 1", from_the_simulator).status == "failed"

@@ -1,67 +1,61 @@
 """``tpu-course grade SUBMISSION... --out DIR``: grade a room's lab notebooks, for feedback.
 
-**Grading is for workshop feedback, not for exams.** What it contains and what it does not
-is said plainly below; read it before you rely on a grade.
+**Grading is for workshop feedback, not for exams.** What it protects and what it does
+not is said below; read it before you rely on a grade.
 
 Each submission (a ``.ipynb`` file, or a folder searched for them) is recognised from its
 content, never its file name: the notebook's ``tpu_course.lab`` metadata, else its
-``# Lab N`` title, else the lab checkers its cells call. The learner is the file's stem
+``# Lab N`` title, else the lab checks its cells call. The learner is the file's stem
 (``alice.ipynb``), or its folder when the file is named after the lab
-(``alice/lab-1.ipynb``, ``alice/01_systolic_array.ipynb``); several files of one learner
-and lab (``lab-1.ipynb``, ``lab-1 (1).ipynb``) count once, the newest. Each notebook is then
-graded in two steps, each a fresh process that the grader owns:
+(``alice/lab-1.ipynb``); several files of one learner and lab count once, the newest. Only
+regular files are read: a symlink, a named pipe, a socket or a device gets a row that says
+what it is and is never opened.
 
-1. **Run** (for its outputs): a copy in a fresh temporary folder runs on a fresh kernel
-   (nbclient), with errors allowed and one time limit (``--timeout``, default 600 s). A
-   last cell writes the notebook's plain data values (numbers, strings, tuples, lists,
-   dicts, numpy and JAX arrays; nothing else) as tagged JSON.
-2. **Check**: a second, fresh process with pristine numpy, math and json runs none of the
-   learner's top-level statements. From the submission (the grader's own reading of it) it
-   carries over only imports, ``def`` and ``class`` blocks and assignments of literals or
-   of library calls with plain arguments (``optimizer = optax.sgd(0.1)``); then the data
-   values of step 1, decoded as data (``json``, ``np.load(allow_pickle=False)``); then it
-   imports the course's checkers fresh and runs ``Lab.grade`` with hidden inputs seeded per
-   learner and lab (a regrade gives the same grades). Its verdicts come back on its own
-   stdout pipe, tagged with a one-time token; anything else it prints goes to stderr.
+Grading keeps the learner's code and the checks in different processes:
 
-With bubblewrap (``bwrap``: Debian's ``bubblewrap``) both steps run in a sandbox: their own
-PID namespace (the grader, the other submissions' processes and every command line are
-invisible), no network (loopback only, for the kernel), the file system read-only except
-the submission's own temporary copy and a private ``/tmp`` (HOME, JAX and matplotlib caches
-go there), the course data (``TPU_COURSE_DATA``, Fashion-MNIST, the data cache) read-only;
-the other submissions, the output folder and the course checkout (``solutions/``) are not
-mounted, only the installed ``tpu_course`` package. Every process of a submission dies
-with its sandbox. Where no sandbox can run (no ``bwrap``, macOS, a container that blocks
-user namespaces, ``TPU_COURSE_GRADE_SANDBOX=off``) the first line of output and
-``summary.md`` say so, and grading goes on unsandboxed: the verdicts still come back only
-through the grader's pipes, and processes a submission left behind are killed, but the
-learner's code runs as you, with your files and network.
+1. **The worker** (``python -m tpu_course.checks.worker``, in a sandbox) runs the notebook
+   on a fresh kernel, cell by cell, with one time limit (``--timeout``). It reads each
+   prediction as it stands at the end of the cell that states it (the first cell that
+   assigns the name), before any later cell runs. Then it runs each exercise's probe in
+   the kernel on the cases the grader sent (the notebook's visible ones and hidden ones
+   drawn from the instructor's secret) and writes what the learner's code returned, as
+   data (JSON; arrays as raw bytes). The worker's package holds no references, hidden
+   cases or mistakes (they live in the repository's ``grading/`` folder, which is never
+   mounted there), and the sandbox hides even the visible cases' expected outputs.
+2. **The checker** is the grader's own process. It never imports, executes or unpickles
+   anything from the submission: it reads the worker's JSON as data, computes the expected
+   outputs itself from ``grading/`` (references and instruments, on the same cases) and
+   judges them with the exercise's declared comparison and known mistakes.
 
-What it protects against: a notebook that patches the checkers, numpy, math or json,
-rewrites the grader's cells (IPython input transformers), prints or writes its own
-verdicts, reads ``solutions/``, or writes outside its copy (sandboxed); a notebook that
-loops, exits its kernel, crashes or deletes its folder (a row with the reason; the run
-goes on). What it does not: the checker calls the learner's functions, so a function that
-patches things *while it is being checked* can still fool that one check of that notebook
-(never another learner's: each check is its own process). Use an exam system for exams.
+Hidden cases come from a secret: ``--secret``, or the one stored in ``DIR/.grading-secret``
+(created on first use and kept with the grades, so a regrade gives the same grades). With
+bubblewrap (``bwrap``: Debian's ``bubblewrap``) the worker runs in its own PID namespace,
+with no network, the file system read-only except the submission's own copy and a private
+``/tmp``; the other submissions, the output folder and the course checkout are not
+mounted, only the installed ``tpu_course`` package and the course data. Where no sandbox
+can run (no ``bwrap``, macOS, a container that blocks user namespaces,
+``TPU_COURSE_GRADE_SANDBOX=off``) the first line of output and ``summary.md`` say so: the
+learner's code then runs as you, with your files and network, and could read the keys.
+
+What a determined learner can still do: make their own notebook's checks pass (they are
+feedback), and write code that behaves right on every case it is given; that is the
+exercise. What they cannot do: see a hidden case before answering, reach the expected
+outputs or the verdicts, or change a prediction after the cell that states it.
 
 Results: ``DIR/grades.csv`` (one row per exercise: ``file, learner, lab, exercise, status,
 points, max_points, message, hint, graded_at``; status one of ``passed``, ``failed``,
-``not written``, ``skipped``, ``error``, ``timeout``), ``DIR/gradebook.csv`` (one row per
-learner: each exercise's points and the total, for a gradebook import), ``DIR/summary.md``
-(per lab each learner's total, each exercise's pass share, superseded duplicates, learners
-of ``--roster`` with no submission) and ``DIR/feedback/LEARNER/lab-N.md`` (and ``.html``):
-each exercise's status, message and hint, ready to hand back. The exit status is 0 when
-grading ran, whatever the learners scored, and 2 when it could not (named).
+``not written``, ``skipped``, ``error``, ``timeout``), written as each submission is
+graded; ``DIR/gradebook.csv`` (one row per learner), ``DIR/summary.md`` and
+``DIR/feedback/LEARNER/lab-N.md`` (and ``.html``), ready to hand back. ``--resume`` goes on
+from the rows already in ``grades.csv``. Every CSV field that a spreadsheet would read as
+a formula is neutralised. The exit status is 0 when grading ran, whatever the learners
+scored, and 2 when it could not (named).
 """
 
 from __future__ import annotations
 
-import __future__
 import argparse
 import ast
-import base64
-import builtins
 import csv
 import dataclasses
 import datetime
@@ -69,9 +63,6 @@ import glob
 import html
 import importlib
 import importlib.util
-import inspect
-import linecache
-import io
 import json
 import os
 import pathlib
@@ -80,6 +71,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -93,20 +85,18 @@ STATUSES = ("passed", "failed", "not written", "skipped", "error", "timeout")
 COLUMNS = ("file", "learner", "lab", "exercise", "status", "points", "max_points", "message",
            "hint", "graded_at")
 DEFAULT_TIMEOUT_S = 600.0
-#: Seconds the checking step may take (the checkers compile, lab 5's evaluates a model).
-CHECK_S = 180.0
-#: Seconds for starting the kernel and writing the values, beyond ``--timeout``.
+#: Seconds for starting the kernel and writing the outputs, beyond ``--timeout``.
 SLACK_S = 90.0
 #: What grading needs beyond the course package, import name -> pip name.
 REQUIRES = {"nbformat": "nbformat", "nbclient": "nbclient", "ipykernel": "ipykernel"}
-#: Where the sandbox shows the submission's copy (its only writable folder besides /tmp).
+#: Where the sandbox shows the submission's folder (its only writable one besides /tmp).
 SANDBOX_WORK = "/tmp/submission"
-#: Plain data the run step hands over: at most this many bytes of encoded values.
-VALUES_BUDGET = 64 * 2**20
+#: The worker's results are read up to this size; more is a submission's forgery.
+RESULTS_BUDGET = 256 * 2**20
+SECRET_FILE = ".grading-secret"
 
 _TITLE = re.compile(r"^\s*#+\s*Lab\s+(\d+)\b", re.IGNORECASE | re.MULTILINE)
 _CALLS = re.compile(r"\bchecks\s*\.\s*(?:ch0*(\d+)\b|lab\(\s*(\d+)\s*\))")
-_MARKER = "@@tpu-course-grade@@"
 
 
 class GradeError(errors.CourseValueError):
@@ -128,8 +118,8 @@ def find_submissions(paths: Iterable[str | os.PathLike]) -> list[pathlib.Path]:
         path = pathlib.Path(raw)
         if path.is_dir():
             found += sorted(p for p in path.rglob("*.ipynb")
-                            if ".ipynb_checkpoints" not in p.parts)
-        elif path.is_file():
+                            if ".ipynb_checkpoints" not in p.parts and not p.is_dir())
+        elif os.path.lexists(path):  # a file, or a link, pipe or device: its row says which
             found.append(path)
         else:
             raise GradeError(f"submission {str(path)!r} does not exist: give .ipynb files or "
@@ -208,8 +198,33 @@ class Submission:
     learner: str
     lab: int | None = None
     nb: Any = None
-    problem: str = ""  # why it cannot be graded (unreadable, not a lab)
+    problem: str = ""  # why it cannot be graded (unreadable, not a lab, not a file)
     superseded_by: pathlib.Path | None = None
+
+
+#: What a path that is not a regular file is, for its row.
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISDIR, "a folder"))
+#: A notebook larger than this is not read (a lab is well under a megabyte).
+MAX_NOTEBOOK_BYTES = 64 * 2**20
+
+
+def not_a_file(path: pathlib.Path) -> str:
+    """Why ``path`` is not read (a symlink, a pipe, a device, too large), or ``""``."""
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        return (f"a symbolic link (to {os.readlink(path)!r}), not opened: hand in the "
+                "notebook file itself")
+    for test, kind in _KINDS:
+        if test(info.st_mode):
+            return f"{kind}, not a notebook file: not opened"
+    if info.st_size > MAX_NOTEBOOK_BYTES:
+        return f"{info.st_size / 2**20:.0f} MB, larger than any lab notebook: not read"
+    return ""
 
 
 def read_submission(path: pathlib.Path) -> Submission:
@@ -217,6 +232,9 @@ def read_submission(path: pathlib.Path) -> Submission:
     import nbformat
 
     sub = Submission(path, learner_id(path))
+    sub.problem = not_a_file(path)
+    if sub.problem:
+        return sub
     try:
         sub.nb = nbformat.read(path, as_version=4)
     except Exception as err:  # noqa: BLE001 - any unreadable file is a row, not a crash
@@ -228,7 +246,7 @@ def read_submission(path: pathlib.Path) -> Submission:
     sub.lab = identify_lab(sub.nb)
     if sub.lab is None:
         sub.problem = ("not a lab notebook: no tpu_course lab metadata, no '# Lab N' title and "
-                       "no call to a lab's checkers")
+                       "no call to a lab's checks")
     return sub
 
 
@@ -249,6 +267,69 @@ def drop_duplicates(subs: Sequence[Submission]) -> None:
     for sub in subs:  # a chain (a < b < c): everyone points at the one that counts
         if sub.superseded_by is not None:
             sub.superseded_by = newest[(sub.learner, sub.lab)].path
+
+
+# -- the keys ------------------------------------------------------------------------------
+
+
+def load_keys(where: str | os.PathLike | None = None) -> Any:
+    """The ``grading`` package (references, hidden cases, mistakes): from ``where`` (the
+    course's repository, or its ``grading`` folder), else from the checkout this package
+    runs from. The installed package does not hold it."""
+    candidates = [pathlib.Path(where).expanduser()] if where else []
+    checkout = _checkout()
+    if checkout is not None:
+        candidates.append(checkout)
+    for root in candidates:
+        if root.name == "grading":
+            root = root.parent
+        if (root / "grading" / "__init__.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            return importlib.import_module("grading")
+    if importlib.util.find_spec("grading") is not None and not where:
+        return importlib.import_module("grading")
+    said = f"--keys {str(where)!r} holds no grading/ folder" if where else (
+        "the installed package holds no grading keys (on purpose: learners install it)")
+    raise GradeError(f"{said}: run the grader from a checkout of the course's repository, "
+                     "or give --keys PATH to one")
+
+
+def read_secret(out: pathlib.Path, given: str | None) -> str:
+    """The instructor's secret for hidden cases: ``given``, else ``out/.grading-secret``
+    (created on first use, readable by you alone)."""
+    path = out / SECRET_FILE
+    if given:
+        return given
+    if path.exists():
+        return path.read_text().strip()
+    secret = secrets.token_hex(16)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret
+
+
+def captures(nb: Any, lab: Any) -> dict[str, int]:
+    """Each prediction's name -> the index of the first code cell that assigns it at top
+    level (where its value is read)."""
+    names = {n for e in lab.exercises if e.kind == "predict" for n in e.provides}
+    found: dict[str, int] = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(_source(cell))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name) and leaf.id in names:
+                        found.setdefault(leaf.id, index)
+    return found
 
 
 # -- the sandbox ---------------------------------------------------------------------------
@@ -298,10 +379,12 @@ class Sandbox:
         """One line for the output's first line and ``summary.md``."""
         if self.bwrap:
             return ("sandbox: bubblewrap (own PID namespace, no network, read-only files "
-                    "except the submission's copy; submissions, output and checkout hidden)")
+                    "except the submission's copy; submissions, output, checkout and keys "
+                    "hidden)")
         return (f"NO SANDBOX ({self.reason}): learners' code runs as you, with your files and "
-                "network; verdicts still come back only through the grader's pipes. "
-                "Install Debian's bubblewrap for a sandbox. For feedback, not exams")
+                "network, and could read the grading keys; verdicts are still made in the "
+                "grader's own process. Install Debian's bubblewrap for a sandbox. For "
+                "feedback, not exams")
 
     def mounts(self) -> list[str]:
         """bwrap's mount arguments: system and Python read-only, checkout and output hidden."""
@@ -328,6 +411,7 @@ class Sandbox:
         again = [k for k in keep if any(_under(k, h) for h in hide)]
         for path in [*again, str(_package_dir()), *_data_dirs()]:
             args += ["--ro-bind", path, path]
+        args += ["--tmpfs", str(_package_dir() / "checks" / "visible")]
         for pattern in _DEVICES:
             for dev in glob.glob(pattern):
                 args += ["--dev-bind-try", dev, dev]
@@ -359,6 +443,7 @@ class Sandbox:
             cache = os.environ.get("TPU_COURSE_CACHE") or str(
                 pathlib.Path.home() / ".cache" / "tpu_course")
             env["TPU_COURSE_CACHE"] = os.path.abspath(os.path.expanduser(cache))
+        env.pop("TPU_COURSE_GRADING", None)
         env.update(TMPDIR=tmp, MPLCONFIGDIR=f"{tmp}/mpl", XDG_CACHE_HOME=f"{tmp}/cache",
                    JUPYTER_RUNTIME_DIR=f"{tmp}/jupyter", IPYTHONDIR=f"{tmp}/ipython",
                    PYTHONDONTWRITEBYTECODE="1", TPU_COURSE_GRADE_TOKEN=token)
@@ -403,29 +488,26 @@ def _kill_leftovers(token: str) -> None:
             pass
 
 
-def _spawn(sandbox: Sandbox, mode: str, job: dict, private: pathlib.Path,
-           work: pathlib.Path | None, limit_s: float) -> tuple[Any, str, bool]:
-    """Run ``python -m tpu_course.grade MODE`` for one submission: (the last tagged JSON it
-    printed or None, the tail of its stderr, whether it ran past ``limit_s``)."""
+def _spawn_worker(sandbox: Sandbox, work: pathlib.Path, private: pathlib.Path,
+                  limit_s: float) -> tuple[str, bool]:
+    """Run the worker on ``work`` (in the sandbox): (the tail of its stderr, whether it ran
+    past ``limit_s``). Every process it started is killed when it ends."""
     token = secrets.token_hex(8)
-    argv = [sys.executable, "-m", "tpu_course.grade", mode]
-    err_path = private / f"{mode[2:]}.stderr"
-    marker = job.get("nonce", _MARKER)
+    inside = SANDBOX_WORK if sandbox.bwrap else str(work)
+    argv = [sys.executable, "-m", "tpu_course.checks.worker", inside]
     timed_out = False
-    with open(err_path, "w+b") as err, tempfile.TemporaryFile() as out:
+    with open(private / "worker.stderr", "w+b") as err:
         try:
-            proc = subprocess.Popen(sandbox.command(argv, work), stdin=subprocess.PIPE,
-                                    stdout=out if mode == "--run" else subprocess.PIPE,
-                                    stderr=err, env=sandbox.env(token, private),
-                                    cwd=work or private, start_new_session=True)
+            proc = subprocess.Popen(sandbox.command(argv, work), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err,
+                                    env=sandbox.env(token, private), cwd=work,
+                                    start_new_session=True)
         except OSError as e:
-            return None, f"could not start: {e}", False
+            return f"could not start: {e}", False
         try:
-            said, _ = proc.communicate(json.dumps(job).encode(), timeout=limit_s)
+            proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
-            timed_out, said = True, b""
-        except OSError:  # it closed stdin early: read what it said below
-            said = b""
+            timed_out = True
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -433,479 +515,118 @@ def _spawn(sandbox: Sandbox, mode: str, job: dict, private: pathlib.Path,
                 pass
             proc.wait()
             _kill_leftovers(token)
-        if mode == "--run":
-            size = out.seek(0, io.SEEK_END)
-            out.seek(max(0, size - 2 * VALUES_BUDGET))
-            said = out.read()
-        err.seek(0, io.SEEK_END)
+        err.seek(0, os.SEEK_END)
         err.seek(max(0, err.tell() - 4000))
         tail = " | ".join(err.read().decode(errors="replace").strip().splitlines()[-3:])
-    result = None
-    for line in (said or b"").decode(errors="replace").splitlines():
-        if line.startswith(marker):
-            try:
-                result = json.loads(line[len(marker):])
-            except ValueError:
-                result = None
-    return result, tail, timed_out
+    return tail, timed_out
 
 
-# -- step 1, inside the sandbox: run the notebook and hand over its plain data -----------
-
-# Runs last, in the learner's kernel: writes every plain data value of the notebook as
-# tagged JSON. Whatever a notebook does to this cell only changes its own values: they
-# are data, decoded as data, and the checking step never runs this kernel's objects.
-_EXPORT_CELL = '''
-def _tpu_course_export(names, path, budget):
-    import base64, io, json, sys
-    numpy = sys.modules.get("numpy")
-    jax = sys.modules.get("jax")
-    left = [budget]
-    def enc(v, depth=0):
-        t = type(v)
-        if depth > 30:
-            raise ValueError("too deep")
-        if v is None:
-            return ["none"]
-        if t in (bool, int, str):
-            return [t.__name__, v]
-        if t is float:
-            return ["float", repr(v)]
-        if t is complex:
-            return ["complex", [repr(v.real), repr(v.imag)]]
-        if t in (tuple, list, set, frozenset):
-            return [t.__name__, [enc(x, depth + 1) for x in v]]
-        if t is dict:
-            return ["dict", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
-        if t.__name__ == "NotWritten" and t.__module__.startswith("tpu_course.checks"):
-            return ["not_written", str(object.__getattribute__(v, "exercise"))]
-        tag = "array"
-        if jax is not None and isinstance(v, jax.Array):
-            tag, v = "jax_array", numpy.asarray(v)
-        if numpy is not None and isinstance(v, numpy.generic):
-            return enc(v.item(), depth)
-        if numpy is not None and type(v) is numpy.ndarray and v.dtype.kind in "biufc":
-            if v.nbytes > left[0]:
-                raise ValueError("too big")
-            left[0] -= v.nbytes
-            buf = io.BytesIO()
-            numpy.save(buf, v, allow_pickle=False)
-            return [tag, base64.b64encode(buf.getvalue()).decode()]
-        if numpy is not None and type(v) is numpy.ndarray and v.dtype.kind == "V":
-            return enc(v.astype(numpy.float32), depth)  # bfloat16 and friends
-        raise TypeError(t.__name__)
-    g = globals()
-    skip = {"In", "Out", "exit", "quit", "get_ipython"}
-    order = [n for n in names if n in g] + sorted(n for n in g if n not in names)
-    values = {}
-    for name in order:
-        if name.startswith("_") or name in skip:
-            continue
-        try:
-            values[name] = enc(g[name])
-        except Exception:
-            pass
-    predictions = []  # what LAB.predict recorded (and locked) in this kernel, as data
-    core = sys.modules.get("tpu_course.checks._core")
-    for (lab, title), p in dict(getattr(core, "_PREDICTIONS", None) or {}).items():
-        try:
-            predictions.append([int(lab), str(title), {str(k): enc(v) for k, v in
-                                                       p.values.items()}, bool(p.locked)])
-        except Exception:
-            pass
-    with open(path, "w") as f:
-        json.dump({"values": values, "predictions": predictions}, f)
-_tpu_course_export(@NAMES@, @PATH@, @BUDGET@)
-del _tpu_course_export
-'''
-
-
-def _cell_name(nb: Any, index: int) -> str:
-    first = next((ln.strip() for ln in _source(nb.cells[index]).splitlines() if ln.strip()), "")
-    return f"cell {index} ({first[:60]!r})" if first else f"cell {index}"
-
-
-def _run_main() -> int:
-    """``--run`` (inside the sandbox): run the notebook, print its outcome and values."""
-    # jsonschema's optional URI checker builds a grammar on import (seconds per
-    # notebook on a busy machine); notebooks need no URI validation.
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    job = json.loads(sys.stdin.read())
-    timeout_s = float(job["timeout"])
-    nb = nbformat.read(job["notebook"], as_version=4)
-    values_path = os.path.join(tempfile.mkdtemp(prefix="values-"), "values.json")
-    export = nbformat.v4.new_code_cell(
-        _EXPORT_CELL.replace("@NAMES@", repr(list(job["names"])))
-        .replace("@PATH@", repr(values_path)).replace("@BUDGET@", str(VALUES_BUDGET)))
-    nb.cells.append(export)
-    client = NotebookClient(nb, timeout=max(1, int(timeout_s)), kernel_name="python3",
-                            allow_errors=True, interrupt_on_timeout=False,
-                            shutdown_kernel="immediate",  # its sandbox goes next anyway
-                            resources={"metadata": {"path": os.getcwd()}})
-    deadline = time.monotonic() + timeout_s
-    index = -1
-    result: dict[str, Any] = {"outcome": "ran", "message": "", "values": {}}
+def _read_results(path: pathlib.Path) -> dict | None:
+    """The worker's results, as data (JSON only), or None."""
     try:
-        with client.setup_kernel():
-            for index, cell in enumerate(nb.cells[:-1]):
-                if cell.cell_type != "code":
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise CellTimeoutError(f"no time left at cell {index}")
-                client.timeout = max(1, int(left + 0.999))
-                client.execute_cell(cell, index)
-            index = len(nb.cells) - 1
-            client.timeout = 60
-            client.execute_cell(export, index)
-    except CellTimeoutError:
-        where = ("while handing over its values" if index == len(nb.cells) - 1
-                 else f"at {_cell_name(nb, index)}")
-        result = {"outcome": "timeout", "message": f"the notebook ran past the "
-                  f"{timeout_s:g} s limit {where}: an endless loop, or too slow"}
-    except DeadKernelError:
-        result = {"outcome": "error", "message": f"the kernel died at {_cell_name(nb, index)} "
-                  "(it exits the kernel, or crashed it): nothing could be graded"}
-    except Exception as err:  # noqa: BLE001 - e.g. the kernel could not start
-        result = {"outcome": "error", "message": f"the notebook could not be run: "
-                  f"{type(err).__name__}: {str(err)[:200]}"}
-    if result["outcome"] == "ran":
-        try:
-            if os.path.getsize(values_path) <= 2 * VALUES_BUDGET:
-                with open(values_path) as f:
-                    result.update(json.load(f))
-        except (OSError, ValueError, TypeError):
-            pass  # no values: names the checker needs are "not written"
-    sys.stdout.write(_MARKER + json.dumps(result) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
-# -- step 2, inside a second sandbox: carry over definitions, then check ------------------
-
-#: Libraries whose calls a carried assignment, default or decorator may make.
-CALLABLE_ROOTS = frozenset({"numpy", "jax", "optax", "flax", "ml_dtypes", "math", "functools"})
-
-
-class _Carry:
-    """Decides which top-level statements of a notebook the checking process runs."""
-
-    def __init__(self) -> None:
-        self.imported: dict[str, str] = {}  # name -> the module it came from
-
-    def rooted(self, node: ast.AST) -> str | None:
-        """The module a dotted name (``jnp.float32``) starts from; None if not imported."""
-        while isinstance(node, ast.Attribute):
-            if node.attr.startswith("__"):
-                return None
-            node = node.value
-        return self.imported.get(node.id) if isinstance(node, ast.Name) else None
-
-    def safe(self, node: ast.AST | None) -> bool:
-        """An expression whose evaluation runs none of the learner's code."""
-        if node is None or isinstance(node, (ast.Constant, ast.Name)):
-            return True
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            return all(self.safe(e) for e in node.elts)
-        if isinstance(node, ast.Dict):
-            return all(k is not None and self.safe(k) for k in node.keys) and all(
-                self.safe(v) for v in node.values)
-        if isinstance(node, (ast.UnaryOp, ast.BinOp)):  # arithmetic on constants only
-            return all(isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp, ast.operator,
-                                      ast.unaryop, ast.expr_context))
-                       for n in ast.walk(node))
-        if isinstance(node, (ast.Attribute, ast.Subscript)):
-            return self.rooted(node.value if isinstance(node, ast.Subscript) else node) \
-                is not None and (not isinstance(node, ast.Subscript) or self.safe(node.slice))
-        if isinstance(node, ast.Call):
-            root = self.rooted(node.func)
-            return (root is not None and root.split(".")[0] in CALLABLE_ROOTS
-                    and all(self.safe(a.value if isinstance(a, ast.Starred) else a)
-                            for a in node.args)
-                    and all(self.safe(k.value) for k in node.keywords))
-        return False
-
-    def function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-        args = node.args
-        return (all(self.decorator(d) for d in node.decorator_list)
-                and all(self.safe(d) for d in [*args.defaults, *args.kw_defaults]))
-
-    def decorator(self, node: ast.AST) -> bool:
-        if isinstance(node, ast.Name):
-            return node.id in self.imported or node.id in ("staticmethod", "classmethod",
-                                                            "property")
-        return (self.rooted(node) is not None) if isinstance(node, ast.Attribute) \
-            else isinstance(node, ast.Call) and self.safe(node)
-
-    def klass(self, node: ast.ClassDef) -> ast.ClassDef | None:
-        if not (all(self.decorator(d) for d in node.decorator_list)
-                and all(isinstance(b, ast.Name) or self.rooted(b) for b in node.bases)
-                and all(isinstance(k.value, ast.Name) or self.rooted(k.value)
-                        for k in node.keywords)):
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > RESULTS_BUDGET:
             return None
-        body = [s for s in (self.statement(s) for s in node.body) if s is not None]
-        node.body = body or [ast.Pass()]
-        return node
-
-    def statement(self, node: ast.stmt) -> ast.stmt | None:
-        """``node`` as the checking process may run it, or None to leave it out."""
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return node if self.function(node) else None
-        if isinstance(node, ast.ClassDef):
-            return self.klass(node)
-        if isinstance(node, ast.Pass) or (isinstance(node, ast.Expr)
-                                          and isinstance(node.value, ast.Constant)):
-            return node
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = all(isinstance(t, ast.Name) or (isinstance(t, ast.Tuple) and all(
-                isinstance(e, ast.Name) for e in t.elts)) for t in targets)
-            return node if names and self.safe(node.value) else None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
         return None
-
-    def split(self, sources: Sequence[str]) -> tuple[list[ast.stmt], list[ast.stmt]]:
-        """(the imports, the definitions) of the notebook's code cells, in order."""
-        try:
-            from IPython.core.inputtransformer2 import TransformerManager
-
-            to_python = TransformerManager().transform_cell  # magics -> plain calls
-        except ImportError:
-            to_python = str
-        trees = []
-        for src in sources:
-            try:
-                trees.append(ast.parse(to_python(src)))
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                continue  # a cell that does not parse defines nothing
-        imports = [n for t in trees for n in t.body
-                   if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(
-                       n, "module", "") != "__future__" and not getattr(n, "level", 0)]
-        for node in imports:
-            for alias in node.names:
-                if isinstance(node, ast.Import):
-                    self.imported[(alias.asname or alias.name).split(".")[0]] = (
-                        alias.name if alias.asname else alias.name.split(".")[0])
-                elif alias.name != "*":
-                    self.imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        kept = [self.statement(n) for t in trees for n in t.body
-                if not isinstance(n, (ast.Import, ast.ImportFrom))]
-        return imports, [k for k in kept if k is not None]
+    return data if isinstance(data, dict) else None
 
 
-def carry_over(sources: Sequence[str]) -> tuple[list[ast.stmt], list[ast.stmt]]:
-    """Of a notebook's code cells, the imports and the definitions the checking process
-    runs: ``def`` and ``class`` blocks (their decorators and defaults only names, literals or
-    library calls), assignments of literals and of library calls with plain arguments.
+def _probe_values(ex: Any, cases: Sequence[Any], captured: dict) -> dict:
+    """A prediction's outputs, made here from the values the worker read at the end of the
+    cells that state them (plain data: the probe of a value exercise only reads them)."""
+    from tpu_course.checks import engine
 
-    >>> imports, defs = carry_over(["import numpy as np\\nnp.array_equal = lambda *a: True",
-    ...                             "x = 32.0\\ny = np.zeros(3)\\nz = f()\\ndef f(): return 1"])
-    >>> [ast.unparse(s) for s in imports + defs]
-    ['import numpy as np', 'x = 32.0', 'y = np.zeros(3)', 'def f():\\n    return 1']
-    """
-    return _Carry().split(sources)
-
-
-def _decode(value: Any, checks: Any) -> Any:
-    """A value the run step encoded, rebuilt as plain data (never unpickled)."""
-    tag, *rest = value
-    data = rest[0] if rest else None
-    if tag == "none":
-        return None
-    if tag in ("bool", "int", "str"):
-        if type(data).__name__ != tag:
-            raise TypeError(tag)
-        return data
-    if tag == "float":
-        return float(data)
-    if tag == "complex":
-        return complex(float(data[0]), float(data[1]))
-    if tag in ("tuple", "list", "set", "frozenset"):
-        return {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}[tag](
-            _decode(x, checks) for x in data)
-    if tag == "dict":
-        return {_decode(k, checks): _decode(v, checks) for k, v in data}
-    if tag == "not_written":
-        return checks.NotWritten(str(data))
-    if tag in ("array", "jax_array"):
-        import numpy
-
-        array = numpy.load(io.BytesIO(base64.b64decode(data)), allow_pickle=False)
-        if tag == "jax_array":
-            import jax.numpy as jnp
-
-            return jnp.asarray(array)
-        return array
-    raise ValueError(f"unknown tag {tag!r}")
+    if any(n not in captured for n in ex.provides):
+        return {"missing": [n for n in ex.provides if n not in captured]}
+    answer = {n: engine.decode(captured[n]) for n in ex.provides}
+    if any(isinstance(v, engine.Raised) and v.kind == "NotWrittenError" for v in answer.values()):
+        return {"not_written": True}
+    return {"outputs": [engine.encode(o) for o in ex.run(answer, cases)]}
 
 
-def _module_dicts() -> dict[str, dict[str, Any]]:
-    return {name: dict(vars(m)) for name, m in list(sys.modules.items())
-            if m is not None and hasattr(m, "__dict__")}
-
-
-def _restore(snapshot: dict[str, dict[str, Any]]) -> None:
-    """Undo what definitions changed in the modules imported before them."""
-    for name, saved in snapshot.items():
-        module = sys.modules.get(name)
-        if module is None:
-            continue
-        now = vars(module)
-        for key, value in saved.items():
-            if now.get(key, saved) is not value:
-                now[key] = value
-
-
-def _no_dumping() -> None:
-    """Linux: other processes of this user cannot read this one's memory or pipes."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except (OSError, AttributeError):
-        pass
-
-
-def _check_main() -> int:
-    """``--check`` (inside a fresh sandbox): grade the carried definitions and values."""
-    job = json.loads(sys.stdin.read())
-    verdicts = os.fdopen(os.dup(1), "w")  # the grader's pipe, for the verdicts only
-    os.dup2(2, 1)  # whatever else runs here prints to stderr
-    _no_dumping()
-    import math  # noqa: F401 - pristine before any learner definition runs
-    import numpy  # noqa: F401
-
-    from tpu_course import checks as registry, runtime
-
-    devices = registry.lab(int(job["lab"])).cpu_devices
-    if devices > 1:  # what the notebook's simulate_devices did, before JAX starts here
-        runtime.simulate_devices(devices)
-    imports, definitions = carry_over(job["sources"])
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    snapshot: dict[str, dict[str, Any]] = {}
-    for node in [*imports, None, *definitions]:
-        if node is None:  # imports done: what definitions change in modules gets undone
-            snapshot = _module_dicts()
-            continue
-        try:  # each definition under a file name inspect can read its source from
-            source = ast.unparse(node) + "\n"
-            name = f"<notebook definition {len(linecache.cache)}>"
-            linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-            code = compile(source, name, "exec",
-                           flags=__future__.annotations.compiler_flag, dont_inherit=True)
-            exec(code, namespace)  # noqa: S102 - imports and definitions only
-        except BaseException:  # noqa: BLE001 - a failed definition is simply absent
-            pass
-    _restore(snapshot)
-    for name in [m for m in sys.modules if m == "tpu_course.checks"
-                 or m.startswith("tpu_course.checks.")]:
-        del sys.modules[name]
-    checks = importlib.import_module("tpu_course.checks")
-    for name, value in job["values"].items():
-        try:
-            namespace[name] = _decode(value, checks)
-        except Exception:  # noqa: BLE001 - a value that is not data is left out
-            pass
-    core = sys.modules["tpu_course.checks._core"]
-    for lab, title, values, locked in job.get("predictions", []):
-        try:  # the predictions the kernel recorded, so that a locked one is what is graded
-            core._PREDICTIONS[(int(lab), str(title))] = core._Prediction(
-                {str(k): _decode(v, checks) for k, v in values.items()}, locked=bool(locked))
-        except Exception:  # noqa: BLE001 - not data, or the registry keeps them otherwise
-            pass
-    lab = checks.lab(int(job["lab"]))
-    seeded = "seed" in inspect.signature(lab.grade).parameters
-    results = lab.grade(namespace, seed=job["seed"]) if seeded else lab.grade(namespace)
-    rows = [{"exercise": r.exercise, "status": r.status, "message": str(r.message),
-             "hint": str(getattr(r, "hint", "") or "")} for r in results]
-    verdicts.write(job["nonce"] + json.dumps(rows) + "\n")
-    verdicts.flush()
-    os._exit(0)  # no exit handlers a definition may have registered
-
-
-# -- one submission, on the grader's side --------------------------------------------------
-
-
-def _exercises(number: int) -> tuple[str, list[Any]]:
-    from tpu_course import checks
-
-    lab = checks.lab(number)
-    return lab.title, list(lab.exercises)
-
-
-def _points(exercise: Any) -> int:
-    return int(getattr(exercise, "points", 1))  # the registry's points= (default 1)
-
-
-def _seed(learner: str, number: int) -> int | None:
-    from tpu_course import checks
-
-    seed = getattr(checks, "grading_seed", None)
-    return seed(learner, number) if seed else None
-
-
-def grade_submission(sub: Submission, sandbox: Sandbox,
+def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
                      timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict]:
-    """Grade one submission (run, then check, each in a sandbox): its rows of grades.csv.
+    """Grade one submission: the worker runs it (sandboxed) and writes its outputs; this
+    process judges them. Its rows of grades.csv; never raises for anything the submission
+    does."""
+    from tpu_course import checks
+    from tpu_course.checks import engine
 
-    Never raises for anything the submission does; the rows say what happened.
-    """
     base = {"file": str(sub.path), "learner": sub.learner, "lab": sub.lab or ""}
     if sub.problem:
         return [{**base, "exercise": "", "status": "error", "message": sub.problem}]
-    _, exercises = _exercises(sub.lab)
+    lab = checks.lab(sub.lab)
+    table = keys.keys(sub.lab)
+    verdicts: dict[str, engine.CheckResult] = {}
+    plan: dict[str, tuple[Any, Any, list]] = {}
+    where = captures(sub.nb, lab)
+    probes = {}
+    for ex in lab.exercises:
+        reason = ex.unmet()
+        if reason:
+            verdicts[ex.title] = engine.skipped(ex.title, reason)
+            continue
+        key = table.get(engine.short(ex.title), keys.Key())
+        cases = keys.cases_for(ex, key, keys.rng_for(secret, sub.learner, sub.lab, ex.title))
+        plan[ex.title] = (ex, key, cases)
+        probes[ex.title] = {"cases": [{"label": c.label, "args": engine.encode(
+            engine.plain(dict(c.args)))} for c in cases],
+            "capture": [n for n in ex.provides if n in where],
+            "values_only": all(n in where for n in ex.provides)}
 
-    def every(status: str, message: str) -> list[dict]:
-        return [{**base, "exercise": e.title, "status": status, "points": 0,
-                 "max_points": _points(e), "message": _one_line(message), "hint": ""}
-                for e in exercises]
+    def row(ex: Any, status: str, message: str, hint: str = "") -> dict:
+        return {**base, "exercise": ex.title, "status": status,
+                "points": ex.points if status == "passed" else 0, "max_points": ex.points,
+                "message": _one_line(message), "hint": _one_line(hint)}
 
-    private = pathlib.Path(tempfile.mkdtemp(prefix="tpu-course-grade-"))
-    try:
-        work = private / "work"
-        work.mkdir()
-        shutil.copyfile(sub.path, work / "submission.ipynb")
-        names = [n for e in exercises for n in e.names]
-        notebook = (f"{SANDBOX_WORK}/submission.ipynb" if sandbox.bwrap
-                    else str(work / "submission.ipynb"))
-        ran, tail, late = _spawn(sandbox, "--run", {"notebook": notebook, "timeout": timeout_s,
-                                                    "names": names},
-                                 private, work, timeout_s + SLACK_S)
-        if late:
-            return every("timeout", f"the notebook ran past the {timeout_s:g} s limit (and "
-                                    "the kernel did not stop): an endless loop, or too slow")
-        if not isinstance(ran, dict) or ran.get("outcome") not in ("ran", "timeout", "error"):
-            return every("error", f"the notebook could not be run: {tail or 'no result'}")
-        if ran["outcome"] != "ran":
-            return every(ran["outcome"], str(ran.get("message", "")))
-        code = [_source(c) for c in sub.nb.cells if c.get("cell_type") == "code"]
-        job = {"lab": sub.lab, "seed": _seed(sub.learner, sub.lab), "sources": code,
-               "values": ran.get("values") if isinstance(ran.get("values"), dict) else {},
-               "predictions": ran.get("predictions") if isinstance(ran.get("predictions"),
-                                                                   list) else [],
-               "nonce": f"@@{secrets.token_hex(16)}@@"}
-        checked, tail, late = _spawn(sandbox, "--check", job, private, None, CHECK_S)
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
-    if late:
-        return every("timeout", f"checking this notebook's answers ran past {CHECK_S:g} s: "
-                                "a function that never returns?")
-    if not isinstance(checked, list):
-        return every("error", f"the checkers could not grade this notebook's answers: "
-                              f"{tail or 'no result'}")
-    verdicts = {r.get("exercise"): r for r in checked if isinstance(r, dict)}
+    if probes:
+        private = pathlib.Path(tempfile.mkdtemp(prefix="tpu-course-grade-"))
+        try:
+            work = private / "work"
+            work.mkdir()
+            shutil.copyfile(sub.path, work / "submission.ipynb")
+            (work / "job.json").write_text(json.dumps({
+                "lab": sub.lab, "timeout_s": timeout_s, "captures": where, "probes": probes}))
+            tail, late = _spawn_worker(sandbox, work, private, timeout_s + SLACK_S)
+            results = _read_results(work / "results.json")
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        status = str((results or {}).get("status", ""))
+        if late or status == "timeout":
+            problem = ("timeout", f"the notebook ran past the {timeout_s:g} s limit: an "
+                                  "endless loop, or too slow")
+        elif results is None:
+            problem = ("error", f"the notebook could not be run: {tail or 'no result'}")
+        elif status != "finished":
+            problem = ("error", f"the notebook's run {status}")
+        else:
+            problem = None
+        outputs = (results or {}).get("outputs") or {}
+        captured = (results or {}).get("captured") or {}
+        for title, (ex, key, cases) in plan.items():
+            got = outputs.get(title) if isinstance(outputs, dict) else None
+            if probes[title]["values_only"] and isinstance(captured, dict):
+                got = _probe_values(ex, cases, captured)
+            if problem is not None:
+                verdicts[title] = engine.CheckResult(title, "failed", problem[1])
+                verdicts[title] = dataclasses.replace(verdicts[title], status=problem[0]) \
+                    if problem[0] in STATUSES else verdicts[title]
+            elif not isinstance(got, dict):
+                verdicts[title] = engine.fail(title, "the run gave no outputs for it")
+            elif got.get("not_written"):
+                verdicts[title] = engine.not_written(title)
+            elif got.get("missing"):
+                names = ", ".join(map(str, got["missing"]))[:200]
+                verdicts[title] = engine.not_written(title, f"{names} is not defined")
+            else:
+                decoded = [engine.decode(o) for o in got.get("outputs", [])] \
+                    if isinstance(got.get("outputs"), list) else []
+                verdicts[title] = keys.grade(ex, key, decoded, cases)
     rows = []
-    for e in exercises:
-        r = verdicts.get(e.title, {})
-        status = r.get("status") if r.get("status") in STATUSES else "error"
-        rows.append({**base, "exercise": e.title, "status": status,
-                     "points": _points(e) if status == "passed" else 0,
-                     "max_points": _points(e),
-                     "message": _one_line(r.get("message", "the checker gave no verdict")),
-                     "hint": _one_line(r.get("hint", ""))})
+    for ex in lab.exercises:
+        v = verdicts[ex.title]
+        rows.append(row(ex, v.status, v.message, v.hint))
     return rows
 
 
@@ -923,9 +644,9 @@ def missing_dependencies() -> list[str]:
     return [pip for mod, pip in REQUIRES.items() if importlib.util.find_spec(mod) is None]
 
 
-def _prepare_out(out: str | os.PathLike, force: bool) -> pathlib.Path:
+def _prepare_out(out: str | os.PathLike, force: bool, resume: bool) -> pathlib.Path:
     """The output folder, created; refuses a file, an uncreatable folder, or earlier grades
-    without ``force``."""
+    without ``force`` or ``resume``."""
     out = pathlib.Path(out)
     if out.exists() and not out.is_dir():
         raise GradeError(f"--out {str(out)!r} is a file, not a folder: name a folder for "
@@ -937,11 +658,13 @@ def _prepare_out(out: str | os.PathLike, force: bool) -> pathlib.Path:
                          "name one you can write to") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise GradeError(f"--out {str(out)!r}: this folder is not writable")
-    if (out / "grades.csv").exists():
+    if (out / "grades.csv").exists() and not resume:
         if not force:
             raise GradeError(f"--out {str(out)!r} already holds grades.csv from an earlier run:"
-                             " give --force to replace it, or another --out folder")
+                             " give --resume to go on from it, --force to replace it, or "
+                             "another --out folder")
         shutil.rmtree(out / "feedback", ignore_errors=True)
+        (out / "grades.csv").unlink()
     return out
 
 
@@ -959,14 +682,42 @@ def read_roster(path: str | os.PathLike) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+def _safe(value: Any) -> Any:
+    """A CSV field a spreadsheet will not read as a formula (``=``, ``+``, ``-``, ``@``, a
+    tab or a carriage return first get a ``'`` in front)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+def _read_rows(path: pathlib.Path) -> list[dict]:
+    """The rows an earlier (perhaps interrupted) run wrote to grades.csv."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, csv.Error):
+        return []
+    for r in rows:
+        for k in ("points", "max_points"):
+            try:
+                r[k] = int(r.get(k) or 0)
+            except ValueError:
+                r[k] = 0
+        for k, v in r.items():
+            if isinstance(v, str) and v.startswith("'") and v[1:2] in ("=", "+", "-", "@"):
+                r[k] = v[1:]
+    return [r for r in rows if r.get("file")]
+
+
 def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
           timeout_s: float = DEFAULT_TIMEOUT_S, jobs: int = 1, progress: bool = True,
-          force: bool = False, roster: str | os.PathLike | None = None,
+          force: bool = False, resume: bool = False, roster: str | os.PathLike | None = None,
+          secret: str | None = None, keys: str | os.PathLike | None = None,
           sandbox: Sandbox | None = None) -> list[dict]:
     """Grade every submission, write the CSVs, ``summary.md`` and the feedback; the rows.
 
     Raises:
-        GradeError: no submissions, bad arguments or ``out``, or a missing dependency.
+        GradeError: no submissions, bad arguments or ``out``, missing keys or dependencies.
     """
     timeout_s = errors.check_number("timeout_s", timeout_s, low=0, low_open=True, where="grade")
     jobs = errors.check_int("jobs", jobs, low=1, where="grade")
@@ -974,10 +725,12 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
     if missing:
         raise GradeError(f"grading needs {', '.join(missing)}, which this Python "
                          f"({sys.executable}) lacks: pip install {' '.join(missing)}")
+    grading = load_keys(keys)
     submissions = list(submissions)
     paths = find_submissions(submissions)
     names = read_roster(roster) if roster else None
-    out = _prepare_out(out, force)
+    out = _prepare_out(out, force, resume)
+    secret = read_secret(out, secret)
     hidden = [out, *{p.parent for p in paths}, *submissions]
     sandbox = sandbox or find_sandbox(hidden)
     if progress:
@@ -985,38 +738,70 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
     start = time.perf_counter()
     subs = [read_submission(p) for p in paths]
     drop_duplicates(subs)
+    earlier = _read_rows(out / "grades.csv") if resume else []
+    done_files = {r["file"] for r in earlier}
     todo: queue.Queue = queue.Queue()
     for i, sub in enumerate(subs):
-        if sub.superseded_by is None:
+        if sub.superseded_by is None and str(sub.path) not in done_files:
             todo.put((i, sub))
     done: dict[int, list[dict]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    log = open(out / "grades.csv", "a", newline="")
+    writer = csv.DictWriter(log, fieldnames=COLUMNS, extrasaction="ignore")
+    if not earlier:
+        writer.writeheader()
+        log.flush()
 
     def serve() -> None:
-        while True:
+        while not stop.is_set():
             try:
                 i, sub = todo.get_nowait()
             except queue.Empty:
                 return
             began = time.monotonic()
-            rows = grade_submission(sub, sandbox, timeout_s)
+            try:
+                rows = grade_submission(sub, sandbox, grading, secret, timeout_s)
+            except Exception as err:  # noqa: BLE001 - a grader bug is a row, not a lost room
+                rows = [{"file": str(sub.path), "learner": sub.learner, "lab": sub.lab or "",
+                         "exercise": "", "status": "error",
+                         "message": _one_line(f"the grader failed on this file: "
+                                              f"{type(err).__name__}: {err}")}]
             when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             seconds = time.monotonic() - began
-            for row in rows:
-                row.update(graded_at=when, seconds=round(seconds, 1))
-            done[i] = rows
+            for r in rows:
+                r.update(graded_at=when, seconds=round(seconds, 1))
+            with lock:
+                done[i] = rows
+                writer.writerows({c: _safe(r.get(c, "")) for c in COLUMNS} for r in rows)
+                log.flush()
             if progress:
                 passed = sum(r["status"] == "passed" for r in rows)
                 print(f"  {_one_line(sub.path)}: {passed} of {len(rows)} passed ("
                       f"{', '.join(sorted({r['status'] for r in rows}))}; {seconds:.0f} s)",
                       flush=True)
 
-    threads = [threading.Thread(target=serve) for _ in range(min(jobs, todo.qsize() or 1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    rows = [r for i in sorted(done) for r in done[i]]
-    write_results(out, rows, subs, sandbox, timeout_s, time.perf_counter() - start, names)
+    threads = [threading.Thread(target=serve, daemon=True)
+               for _ in range(min(jobs, todo.qsize() or 1))]
+    partial = False
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except KeyboardInterrupt:
+        partial = True
+        stop.set()
+        print("tpu-course grade: interrupted; writing what was graded so far "
+              "(--resume goes on from it)", file=sys.stderr, flush=True)
+    with lock:
+        log.close()
+        rows = [*earlier, *(r for i in sorted(done) for r in done[i])]
+        write_results(out, rows, subs, sandbox, timeout_s, time.perf_counter() - start, names,
+                      partial=partial or not todo.empty())
+    if partial:
+        raise KeyboardInterrupt
     return rows
 
 
@@ -1025,16 +810,32 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
 
 def write_results(out: pathlib.Path, rows: Sequence[dict], subs: Sequence[Submission],
                   sandbox: Sandbox, timeout_s: float, seconds: float,
-                  roster: Sequence[str] | None = None) -> None:
+                  roster: Sequence[str] | None = None, partial: bool = False) -> None:
     """``grades.csv``, ``gradebook.csv``, ``summary.md`` and ``feedback/`` in ``out``."""
-    with open(out / "grades.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    tmp = out / "grades.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows({c: r.get(c, "") for c in COLUMNS} for r in rows)
+        writer.writerows({c: _safe(r.get(c, "")) for c in COLUMNS} for r in rows)
+    os.replace(tmp, out / "grades.csv")
     write_gradebook(out / "gradebook.csv", rows, roster)
     write_feedback(out / "feedback", rows)
-    (out / "summary.md").write_text(summary(rows, timeout_s, seconds, sandbox=sandbox,
-                                            superseded=subs, roster=roster))
+    text = summary(rows, timeout_s, seconds, sandbox=sandbox, superseded=subs, roster=roster)
+    if partial:
+        text = text.replace("# Lab grades\n", "# Lab grades (PARTIAL: grading was interrupted; "
+                                              "run again with --resume)\n", 1)
+    (out / "summary.md").write_text(text)
+
+
+def _exercises(number: int) -> tuple[str, list[Any]]:
+    from tpu_course import checks
+
+    lab = checks.lab(number)
+    return lab.title, lab.exercises
+
+
+def _points(exercise: Any) -> int:
+    return int(exercise.points)
 
 
 def _graded(rows: Sequence[dict]) -> list[int]:
@@ -1057,7 +858,7 @@ def write_gradebook(path: pathlib.Path, rows: Sequence[dict],
                                    *(r["learner"] for r in rows if r.get("lab") != "")]))
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(header)
+        writer.writerow([_safe(h) for h in header])
         for learner in learners:
             mine = {(int(r["lab"]), r["exercise"]): r for r in rows
                     if r["learner"] == learner and r.get("lab") != ""}
@@ -1070,7 +871,7 @@ def write_gradebook(path: pathlib.Path, rows: Sequence[dict],
                 else:
                     cells.append(mine[(number, title)].get("points", 0)
                                  if (number, title) in mine else "")
-            writer.writerow([*cells, total])
+            writer.writerow([_safe(c) for c in [*cells, total]])
 
 
 _MARK = {"passed": "passed", "failed": "not yet", "not written": "not written",
@@ -1078,7 +879,18 @@ _MARK = {"passed": "passed", "failed": "not yet", "not written": "not written",
 
 
 def _safe_name(text: str) -> str:
-    return re.sub(r"[^\w.-]+", "_", text).strip("._") or "learner"
+    """A learner id as one folder name, distinct for distinct ids (characters a file name
+    cannot hold are %-encoded, not dropped).
+
+    >>> _safe_name("ben_"), _safe_name("ben"), _safe_name("../x"), _safe_name(".")
+    ('ben_', 'ben', '..%2Fx', '%2E')
+    """
+    import urllib.parse
+
+    name = urllib.parse.quote(text, safe=" _-()")
+    if name in ("", ".", ".."):
+        return name.replace(".", "%2E") or "%00"
+    return name
 
 
 def write_feedback(folder: pathlib.Path, rows: Sequence[dict]) -> None:
@@ -1157,7 +969,7 @@ def summary(rows: Sequence[dict], timeout_s: float, seconds: float, *,
             lines.append(f"| {e.title} | {passed} of {len(these)} | {share} |")
         if roster:
             absent = [name for name in roster if name not in learners]
-            lines += ["", f"Missing from the roster: {', '.join(absent) if absent else 'none'}."]
+            lines += ["", f"On the roster, no submission: {', '.join(absent) if absent else 'none'}."]
             unknown = [name for name in learners if name not in roster]
             if unknown:
                 lines.append(f"Not on the roster: {', '.join(unknown)}.")
@@ -1183,12 +995,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tpu-course grade", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Grade a room's submitted lab notebooks, for feedback, NOT for exams.",
-        epilog="Each notebook runs in a bubblewrap sandbox when `bwrap` runs here (own PID "
-               "namespace, no network, read-only files, other submissions, the output and "
-               "the course checkout hidden), else unsandboxed, as you: the first line says "
-               "which. Checking happens in a fresh process that runs none of the learner's "
-               "top-level statements; but the checkers call the learner's functions, which "
-               "can still fool their own checks. Details: pydoc tpu_course.grade.")
+        epilog="Each notebook runs in a worker process, in a bubblewrap sandbox when `bwrap` "
+               "runs here (own PID namespace, no network, read-only files; other "
+               "submissions, the output, the checkout and the grading keys hidden), else "
+               "unsandboxed, as you: the first line says which. The worker writes what the "
+               "learner's code returned on the visible and hidden inputs, as data; this "
+               "process computes the expected outputs and judges, never running the "
+               "learner's code. Details: pydoc tpu_course.grade.")
     parser.add_argument("submissions", nargs="*", metavar="SUBMISSION",
                         help=".ipynb files or folders of them (learner/lab-N.ipynb, alice.ipynb)")
     parser.add_argument("--out", metavar="DIR", help="where grades.csv, gradebook.csv, "
@@ -1198,23 +1011,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="notebooks graded at once (default 1)")
     parser.add_argument("--roster", metavar="FILE",
-                        help="learner ids, one a line: summary.md names who is missing")
+                        help="learner ids, one a line: summary.md names who handed nothing in")
     parser.add_argument("--force", action="store_true",
                         help="replace the grades an earlier run left in --out")
-    for mode in ("--run", "--check"):  # the two steps, inside the sandbox
-        parser.add_argument(mode, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--resume", action="store_true",
+                        help="go on from the grades an earlier (interrupted) run left in --out")
+    parser.add_argument("--secret", metavar="TEXT", help="the seed of the hidden inputs "
+                        f"(default: the one kept in DIR/{SECRET_FILE}, made on first use)")
+    parser.add_argument("--keys", metavar="PATH", help="the course repository holding "
+                        "grading/ (default: the checkout this package runs from)")
     args = parser.parse_args(argv)
-    if args.run:
-        return _run_main()
-    if args.check:
-        return _check_main()
     if not args.submissions:
         parser.error("give at least one SUBMISSION (.ipynb files or folders)")
     if not args.out:
         parser.error("--out DIR is required: where grades.csv and summary.md go")
     try:
         rows = grade(args.submissions, args.out, timeout_s=args.timeout, jobs=args.jobs,
-                     force=args.force, roster=args.roster)
+                     force=args.force, resume=args.resume, roster=args.roster,
+                     secret=args.secret, keys=args.keys)
+    except KeyboardInterrupt:
+        return 130
     except (GradeError, errors.CourseError, ValueError, TypeError, OSError) as err:
         print(f"tpu-course grade: {err}", file=sys.stderr)
         return 2
