@@ -214,9 +214,10 @@ with checks.skip_if_not_written():
 # ## Exercise 4: predict a copy, then time it (10 min)
 # **Before timing it**, predict from the bandwidth you just measured (`bandwidth`) how many
 # seconds it takes to copy a float32 array of shape `ch02.COPY_SHAPE` (8192 x 8192) to the
-# device; assign it to `predicted_copy_s`, and record it in the cell after. The check
-# grades your arithmetic from your own `bandwidth` (within 25 %, so a busy machine cannot
-# fail a right prediction); the cell after the record shows a real copy beside it.
+# device; assign it to `predicted_copy_s`, and record it with your `bandwidth` in the cell
+# after. The check grades your arithmetic from your own `bandwidth` (within 25 %, so a
+# busy machine cannot fail a right prediction) and holds that bandwidth to copies it times
+# itself (within 5x); the cell after the record shows a real copy beside your prediction.
 
 # %%
 ### BEGIN SOLUTION Exercise 4 (predict a copy)
@@ -225,7 +226,7 @@ predicted_copy_s = copy_bytes / bandwidth
 ### END SOLUTION
 
 # %% tags=["nbval-ignore-output"]
-ch02.LAB.predict("Exercise 4", predicted_copy_s)
+ch02.LAB.predict("Exercise 4", predicted_copy_s, bandwidth)
 
 # %% tags=["nbval-ignore-output"]
 if ch02.LAB.predicted("Exercise 4"):

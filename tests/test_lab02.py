@@ -1,0 +1,202 @@
+"""Lab 2's exercises: every known mistake is refused with its hint; honest solutions written
+unlike the course's pass (grading's hidden cases and the notebook's check); shortcuts fail.
+
+Exercises 2 and 3 run the learner's timer on the checker's virtual clock, so nothing here
+sleeps or depends on how busy the machine is; Exercise 4's live copies are faked."""
+
+from __future__ import annotations
+
+import math
+import time
+import timeit
+from time import perf_counter as tick
+
+import jax
+import numpy as np
+import pytest
+
+import grading
+from tests import assess
+from tpu_course import hardware
+from tpu_course.checks import NotWritten, ch02
+
+LAB = 2
+BYTES = math.prod(ch02.COPY_SHAPE) * 4
+BW = 3.1e9  # what the learner measured in Exercise 3
+
+
+@pytest.fixture(autouse=True)
+def _copies(monkeypatch):
+    """Copies timed now take what a 2.5 GB/s link gives (the real ones take seconds)."""
+    monkeypatch.setattr(ch02, "copy_seconds", lambda shape: math.prod(shape) * 4 / 2.5e9)
+
+
+@pytest.mark.parametrize(("ex", "key", "mistake"), assess.mistakes(LAB))
+def test_each_mistake_is_named(ex, key, mistake):
+    assess.assert_mistake_named(ex, key, mistake)
+
+
+def matmul_flops(m, k, n):
+    """Counted, not a formula: one multiply and one add per term of each output."""
+    per_output = sum(2 for _ in range(k))
+    return per_output * m * n
+
+
+def time_call(fn, *args):
+    """Throughput: queue 8 calls after a warm-up, wait for the last, divide."""
+    jax.block_until_ready(fn(*args))
+    start = tick()  # `from time import perf_counter as tick`
+    for _ in range(8):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (tick() - start) / 8
+
+
+def time_call_min(fn, *args):
+    """timeit's clock, the minimum of 4, after two warm-up calls."""
+    for _ in range(2):
+        jax.block_until_ready(fn(*args))
+    best = math.inf
+    for _ in range(4):
+        t = timeit.default_timer()
+        jax.block_until_ready(fn(*args))
+        best = min(best, timeit.default_timer() - t)
+    return best
+
+
+def time_call_ns(fn, *args):
+    """A clock imported inside the function, in nanoseconds; the mean of 6 laps."""
+    import time as clock
+
+    jax.tree_util.tree_map(lambda leaf: leaf.block_until_ready(), fn(*args))
+    laps = []
+    for _ in range(6):
+        t0 = clock.perf_counter_ns()
+        jax.block_until_ready(fn(*args))
+        laps.append((clock.perf_counter_ns() - t0) / 1e9)
+    return sum(laps) / len(laps)
+
+
+def h2d_bandwidth(host):
+    """Warm up, 4 copies in flight together, wait for them all."""
+    np.asarray(jax.device_put(host))
+    start = tick()
+    copies = [jax.device_put(host) for _ in range(4)]
+    jax.block_until_ready(copies)
+    return 4 * host.size * host.itemsize / (tick() - start)
+
+
+def h2d_bandwidth_best(host):
+    """time.monotonic, the fastest of three copies after a warm-up."""
+    jax.device_put(host).block_until_ready()
+    seconds = []
+    for _ in range(3):
+        t = time.monotonic()
+        jax.device_put(host).block_until_ready()
+        seconds.append(time.monotonic() - t)
+    return host.nbytes / min(seconds)
+
+
+def fraction_of_peak(flops, seconds, chip):
+    """The other way round: the time the peak would take over the time it took."""
+    return flops / hardware.get(chip).peak_bf16_flops_per_s / seconds
+
+
+@pytest.mark.parametrize(("title", "answer"), [
+    ("Exercise 1", matmul_flops),
+    ("Exercise 1", lambda m, k, n: float(n * (k + k) * m)),
+    ("Exercise 2", time_call),
+    ("Exercise 2", time_call_min),
+    ("Exercise 2", time_call_ns),
+    ("Exercise 3", h2d_bandwidth),
+    ("Exercise 3", h2d_bandwidth_best),
+    ("Exercise 4", {"predicted_copy_s": round(BYTES / BW, 3), "bandwidth": BW}),
+    ("Exercise 4", {"predicted_copy_s": BYTES / 3e9, "bandwidth": np.float32(BW)}),
+    ("Exercise 5", fraction_of_peak),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_honest_answers_pass(title, answer):
+    assess.assert_passes(LAB, title, answer)
+
+
+def test_visible_data_is_current():
+    assert grading.stale([LAB]) == []
+
+
+def failed(result, *words):
+    assert result.status == "failed", result
+    text = f"{result.message} {result.hint}"
+    assert all(w in text for w in words), result
+
+
+def test_typed_or_cached_answers_pass_the_notebook_only():
+    memo = {}
+
+    def cached(fn, *args):  # measures once, then returns what it measured the first time
+        if "t" not in memo:
+            memo["t"] = time_call(fn, *args)
+        return memo["t"]
+
+    assert ch02.check_time_call(cached).passed
+    failed(assess.graded(LAB, "Exercise 2", cached), "call fn(*args)")
+    seen = ch02.check_time_call.exercise.run({"time_call": time_call})[0]["value"]
+    typed = lambda fn, *a: time_call(fn, *a) and seen
+    assert ch02.check_time_call(typed).passed
+    failed(assess.graded(LAB, "Exercise 2", typed), "not show", "typed in")
+    rate = ch02.check_h2d_bandwidth.exercise.run({"h2d_bandwidth": h2d_bandwidth})[0]["value"]
+    failed(assess.graded(LAB, "Exercise 3", lambda h: h2d_bandwidth(h) and rate), "not show")
+    table = {(2, 3, 4): 48, (128, 256, 512): 2 * 128 * 256 * 512, (1, 1000, 7): 14000}
+    lookup = lambda m, k, n: table.get((m, k, n), 0)
+    assert ch02.check_matmul_flops(lookup).passed
+    failed(assess.graded(LAB, "Exercise 1", lookup), "not show")
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda fn, *a: fn(*a).block_until_ready(), ["AttributeError", "every leaf"]),
+    (lambda fn, *a: "0.03", ["string", "remove the quotes"]),
+    (lambda fn, *a: None, ["one number"]),
+    (lambda fn, *a: 1 / 0, ["ZeroDivisionError"]),
+    (lambda fn, *a: time_call(fn) if a else 0.0, ["TypeError", "argument"]),
+])
+def test_timer_garbage_fails_with_a_hint(answer, words):
+    failed(ch02.check_time_call(answer), *words)
+
+
+def test_the_clocks_and_device_put_are_put_back():
+    real = jax.device_put
+    ch02.check_time_call(time_call)
+    ch02.check_h2d_bandwidth(lambda h: 1 / 0)
+    assert time.perf_counter is tick and timeit.default_timer is tick and jax.device_put is real
+    assert globals()["time"] is time and globals()["timeit"] is timeit
+
+
+def test_copy_prediction_shortcuts():
+    check = ch02.check_copy_prediction
+    assert check(NotWritten("Exercise 4"), BW).status == "not written"
+    assert check(BYTES / BW, NotWritten("Exercise 3")).status == "not written"
+    failed(check(BYTES / BW, -1.0), "fix Exercise 3")
+    failed(check(BYTES / 1.0, 1.0), "bandwidth = h2d_bandwidth")  # a pair made up to agree
+    failed(check("0.1", BW), "string")
+    failed(check(float("nan"), BW), "finite")
+    failed(check(1.0, BW), "bytes / bandwidth")
+
+
+def test_fraction_of_another_chip_is_named_on_hidden_cases():
+    v5e = lambda f, s, c: f / s / hardware.get("v5e").peak_bf16_flops_per_s
+    assert ch02.check_fraction_of_peak(v5e).passed
+    failed(assess.graded(LAB, "Exercise 5", v5e), "hardware.get(chip)")
+    failed(ch02.check_fraction_of_peak(lambda f, s, c: "0.5"), "string")
+
+
+def test_half_peak_needs_an_accelerator_and_the_scorecard_counts_zero():
+    assert ch02.check_half_peak(1024).status == "skipped"
+    assert ch02.LAB.scorecard({}).total() == "Lab 2: 0 of 5 passed, 1 skipped"
+
+
+def test_half_peak_compare():
+    fractions = dict(zip(ch02.SWEEP, (0.02, 0.05, 0.12, 0.4, 0.55, 0.7, 0.72)))
+    compare = ch02.check_half_peak.exercise.compare
+    assert compare(2048, fractions, None) is None and compare(1024, fractions, None) is None
+    assert "only" in compare(256, fractions, None)
+    assert "already" in compare(8192, {**fractions, 4096: 0.8}, None)
+    assert "8192" in compare(None, {**fractions, 8192: 0.8}, None)
+    assert compare(None, {n: 0.1 for n in ch02.SWEEP}, None) is None
