@@ -155,7 +155,7 @@ ch04.LAB
 #
 # Write `xla_cost(fn, *args)`: the pair `(flops, bytes_accessed)` that XLA's cost
 # analysis gives for the **compiled** `fn` at `args`, with JAX's own calls as chapter 4
-# section 1 showed them (no `tpu_course` helper: the check refuses them). The arguments
+# section 1 showed them (no `tpu_course` helper: the point is to know them). The arguments
 # may be `jax.ShapeDtypeStruct` placeholders, so nothing must run. The check sets your
 # function on the chapter's layer and a row softmax; the grader also on functions the
 # notebook never shows (other dtypes, a dict of parameters, a function already jitted).
@@ -225,7 +225,7 @@ ch04.check_chain_time(chain_time_s)
 #
 # Predict the FLOPs of `relu(x @ w + b)` (`ch04.layer`) for `x: [M, D]`, `w: [D, H]`,
 # `b: [H]` in `layer_flops(M, D, H)`, by hand (not by asking XLA: a `layer_flops` that
-# compiles is refused), and record it in the cell after. The case is `ch04.LAYER_4`, a
+# compiles fails the check), and record it in the cell after. The case is `ch04.LAYER_4`, a
 # first layer on only a few input features. Then the next cell shows XLA's count on this
 # runtime; the check compares your count with XLA's within 5 %.
 
@@ -259,9 +259,9 @@ ch04.check_xla_flops(layer_flops)
 # yourself in the cell below, with the chapter's JAX calls), work out the rule, then write
 # `tpu_bytes(shape, itemsize)`: the bytes a 2-D array of `shape` (both dimensions at least
 # 9) takes in a TPU's HBM, for float32 (`itemsize=4`) and bf16 (`itemsize=2`). Watch the
-# layout's `{1,0}` or `{0,1}` as well as its `T(...)`. The check compiles each array for a
-# v5e and reads the compiler's memory analysis (without the TPU compiler, a model of it);
-# a `tpu_bytes` that asks the compiler is refused.
+# layout's `{1,0}` or `{0,1}` as well as its `T(...)`. The check expects the bytes the TPU
+# compiler's memory analysis gives for a v5e; a `tpu_bytes` that asks the compiler fails
+# the check.
 
 # %% tags=["nbval-ignore-output"]
 # Explore (optional): compile `x + 1` for one v5e chip and read what the compiler says.
