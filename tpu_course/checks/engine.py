@@ -249,7 +249,7 @@ def encode(value: Any) -> Any:
 
     if isinstance(value, np.ndarray):
         data = np.ascontiguousarray(value)
-        return {"__array__": data.dtype.name, "shape": list(data.shape),
+        return {"__array__": data.dtype.name, "shape": list(value.shape),
                 "b64": base64.b64encode(data.tobytes()).decode()}
     if isinstance(value, Raised):
         return {"__raised__": value.kind, "message": value.message}
