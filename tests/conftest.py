@@ -39,12 +39,12 @@ def run_in_subprocess(code: str, devices: int = 8, timeout_s: float = 300,
 def fresh_checks_state():
     """Every test starts and ends with no recorded prediction and no last result, so
     ``LAB.predict`` locks and ``checks.reveal`` answers only what the test itself did."""
-    from tpu_course.checks import _core
+    from tpu_course.checks import engine
 
-    for state in (_core._PREDICTIONS, _core._LAST):
+    for state in (engine._PREDICTIONS, engine._LAST):
         state.clear()
     yield
-    for state in (_core._PREDICTIONS, _core._LAST):
+    for state in (engine._PREDICTIONS, engine._LAST):
         state.clear()
 
 

@@ -278,7 +278,7 @@ def load_keys(where: str | os.PathLike | None = None) -> Any:
     runs from. The installed package does not hold it."""
     candidates = [pathlib.Path(where).expanduser()] if where else []
     checkout = _checkout()
-    if checkout is not None:
+    if checkout is not None and not where:
         candidates.append(checkout)
     for root in candidates:
         if root.name == "grading":
@@ -558,7 +558,7 @@ def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
         return [{**base, "exercise": "", "status": "error", "message": sub.problem}]
     lab = checks.lab(sub.lab)
     table = keys.keys(sub.lab)
-    verdicts: dict[str, engine.CheckResult] = {}
+    verdicts: dict[str, Any] = {}  # a CheckResult, or (status, message) for the whole run
     plan: dict[str, tuple[Any, Any, list]] = {}
     where = captures(sub.nb, lab)
     probes = {}
@@ -609,9 +609,7 @@ def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
             if probes[title]["values_only"] and isinstance(captured, dict):
                 got = _probe_values(ex, cases, captured)
             if problem is not None:
-                verdicts[title] = engine.CheckResult(title, "failed", problem[1])
-                verdicts[title] = dataclasses.replace(verdicts[title], status=problem[0]) \
-                    if problem[0] in STATUSES else verdicts[title]
+                verdicts[title] = problem
             elif not isinstance(got, dict):
                 verdicts[title] = engine.fail(title, "the run gave no outputs for it")
             elif got.get("not_written"):
@@ -626,7 +624,7 @@ def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
     rows = []
     for ex in lab.exercises:
         v = verdicts[ex.title]
-        rows.append(row(ex, v.status, v.message, v.hint))
+        rows.append(row(ex, *v) if isinstance(v, tuple) else row(ex, v.status, v.message, v.hint))
     return rows
 
 

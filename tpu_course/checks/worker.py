@@ -119,7 +119,9 @@ def main(job_dir: str) -> int:
             try:
                 client.execute_cell(cell, index)
             except Exception as err:  # noqa: BLE001 - a dead kernel, a cell timeout
-                status = f"stopped at cell {index}: {type(err).__name__}"
+                timed_out = "Timeout" in type(err).__name__ or time.monotonic() > deadline
+                status = "timeout" if timed_out else (
+                    f"stopped at cell {index}: {type(err).__name__} (the kernel died?)")
                 break
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "error":
