@@ -169,11 +169,12 @@ ch07.LAB
 # the sum, and in which dtype. Mark K `"arbitrary"` in `dimension_semantics` (the chapter
 # says why) and pass `interpret` straight to `pl.pallas_call`.
 #
-# The check traces your function and reads it: the matmul, the bias add and the ReLU must
-# be inside the kernel (nothing but the `pallas_call` outside), on the K-tiled grid, with
-# a float32 accumulator (it also traces your kernel with bfloat16 inputs). Then it runs
-# it in the TPU interpreter, which fills fresh VMEM with NaN, against `relu(x @ w + b)`.
-# Calling the chapter's `pallas_tools.matmul_ktiled` does not count: the point is the kernel.
+# The result has `x`'s dtype. The check traces your function and reads it: the matmul, the
+# bias add and the ReLU must be inside the kernel (nothing but the `pallas_call` outside),
+# on the K-tiled grid, with a float32 accumulator. Then it runs it in Pallas's
+# interpreter, which fills fresh VMEM with NaN, on float32 and on bfloat16 inputs, against
+# `relu(x @ w + b)`. Calling the chapter's `pallas_tools.matmul_ktiled` does not count:
+# the point is the kernel.
 
 # %%
 def dense_relu(x, w, b, bm, bk, bn, interpret):
@@ -283,10 +284,10 @@ ch07.check_verdicts(verdicts)
 # `bq` queries; each step reads its query block and all of `k`, computes the block's
 # scores on the MXU (`jax.lax.dot_general` contracting the last dims of both, or
 # `jnp.dot` with the k block transposed inside the kernel), scales, and writes the
-# block's softmax (subtract each row's max first). Nothing but the `pallas_call` runs
-# outside the kernel: the check traces your function and looks. It runs it in the
-# interpreter, then (with the TPU compiler) counts what the compiled HLO holds against
-# XLA's version.
+# block's softmax (subtract each row's max first), in `q`'s dtype. Nothing but the
+# `pallas_call` runs outside the kernel: the check traces your function and looks. It runs
+# it in the interpreter on float32 and on bfloat16 inputs, some with scores large enough
+# to overflow `exp`.
 #
 # This kernel holds all of `k` and a whole `[bq, Lk]` row of scores in VMEM at once, so
 # it stops fitting as the number of keys grows; chapter 7's online softmax walks the keys
@@ -317,8 +318,9 @@ ch07.check_attention_scores(attention_scores)
 # than twice a v5e's: blocks that are compute-bound on a v5e can leave a v6e waiting on
 # HBM, and blocks big enough for a v6e can be too big for a v5e's limit. Record your
 # choice before the next cell times it.
-# Elsewhere the timing is skipped: an interpreter's time says nothing about a TPU (the
-# check still reads your kernel: it must be Exercise 1's Pallas kernel).
+# The check reads your kernel (it must be Exercise 1's Pallas kernel), then times the
+# compiled kernel itself against XLA's layer on fresh inputs. Elsewhere the timing and its
+# check are skipped: an interpreter's time says nothing about a TPU.
 
 # %%
 # Exercise 5 (a real chip: near XLA's fused layer): write your code here
@@ -326,7 +328,7 @@ this_chip = NotWritten("Exercise 5 (a real chip: near XLA's fused layer)")
 fast_blocks = NotWritten("Exercise 5 (a real chip: near XLA's fused layer)")
 
 # %%
-ch07.LAB.predict("Exercise 5", fast_blocks)
+ch07.LAB.predict("Exercise 5", dense_relu, fast_blocks)
 
 # %% tags=["nbval-ignore-output"]
 if ch07.LAB.predicted("Exercise 5"):
