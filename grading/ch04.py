@@ -164,20 +164,13 @@ def _pad(d, to):
     return -(-d // to) * to
 
 
-def make_bytes(rows_to=8, lanes=128, minor_only=False, order="best", itemsize=None):
-    """The T(8,128) layout, laid out whichever way round pads less (the reference), or a
-    mistaken variant."""
+def _tiles(r, c, sublanes=8):
+    return _pad(r, sublanes) * _pad(c, 128)
 
-    def tpu_bytes(shape, size):
-        r, c = shape
-        tile = (lambda a, b: a * _pad(b, lanes)) if minor_only else (
-            lambda a, b: _pad(a, rows_to) * _pad(b, lanes))
-        options = {"best": min(tile(r, c), tile(c, r)), "rows": tile(r, c),
-                   "swapped": _pad(r, lanes) * _pad(c, rows_to),
-                   "logical": r * c}[order]
-        return options * (size if itemsize is None else itemsize)
 
-    return tpu_bytes
+def tpu_bytes(shape, size):
+    """The T(8,128) layout, laid out whichever way round pads less."""
+    return min(_tiles(*shape), _tiles(*shape[::-1])) * size
 
 
 #: 2-D shapes whose HBM bytes the TPU compiler (v5e, f32 and bf16) gives as the T(8,128)
@@ -196,21 +189,22 @@ def _ex5_hidden(rng):
 
 
 EX5 = Key(
-    reference=make_bytes(),
+    reference=tpu_bytes,
     hidden=_ex5_hidden,
     mistakes=[
         Mistake("HBM holds whole tiles: look at the T(...) in the layouts the chapter printed, "
-                "and at the bytes beside them", make_bytes(order="logical")),
+                "and at the bytes beside them", lambda s, size: s[0] * s[1] * size),
         Mistake("the layout {0,1} (column-major) is the compiler's choice when it pads less: "
-                "try both orders of the two dimensions", make_bytes(order="rows")),
+                "try both orders of the two dimensions", lambda s, size: _tiles(*s) * size),
         Mistake("in the layout {1,0} the LAST dimension is minor: it pads to 128 lanes, the one "
-                "before to 8 sublanes", make_bytes(order="swapped")),
-        Mistake("you counted padded elements: multiply by itemsize", make_bytes(itemsize=1)),
+                "before to 8 sublanes", lambda s, size: _pad(s[0], 128) * _pad(s[1], 8) * size),
+        Mistake("you counted padded elements: multiply by itemsize",
+                lambda s, size: tpu_bytes(s, 1)),
         Mistake("a bf16 array's tile is still T(8,128); the (2,1) after it says how two bf16 "
-                "values share one 32-bit word, not a bigger tile",
-                lambda shape, size: make_bytes(rows_to=16 if size == 2 else 8)(shape, size)),
+                "values share one 32-bit word, not a bigger tile", lambda s, size: size * min(
+                    _tiles(*s, 32 // size), _tiles(*s[::-1], 32 // size))),
         Mistake("the dimension before the minor one pads to a multiple of 8 too",
-                make_bytes(minor_only=True)),
+                lambda s, size: size * min(s[0] * _pad(s[1], 128), s[1] * _pad(s[0], 128))),
     ])
 
 
