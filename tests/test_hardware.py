@@ -78,8 +78,7 @@ def test_chip_answers_its_own_peak_questions():
     assert t4.peak_flops("fp16") == 65e12
     with pytest.raises(ValueError, match="no published bf16"):
         t4.peak_flops()
-    with pytest.raises(AttributeError, match="now the method Chip.critical_intensity"):
-        hardware.critical_intensity  # noqa: B018 - one formula: the row's method
+    assert not hasattr(hardware, "critical_intensity")  # one formula: the row's method
     assert hardware.bf16_matrix_peak(v3) == 123e12 and hardware.bf16_matrix_peak(t4) is None
     assert hardware.bf16_matrix_peak(None) is None
 

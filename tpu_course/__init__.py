@@ -8,7 +8,6 @@ no JAX backend, so ``tpu_course.runtime.simulate_devices(8)`` still works after
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
 from tpu_course import warnings_policy as _warnings_policy
@@ -23,6 +22,7 @@ _warnings_policy.install_if_requested()
 #: links and every notebook's setup cell are generated from this one setting
 #: (``python -m tools.notebooks sync``).
 REPOSITORY = "tpu-course/tpu-course"
+
 
 def jax_floor() -> str:
     """The oldest jax the course runs on, such as ``"0.7.2"``: the ``jax>=`` bound of
@@ -67,54 +67,10 @@ _SUBMODULES = (
     "profiling",
 )
 
-#: Modules that moved (into a package, or to a name that says what they hold): the old name
-#: raises an error naming the new home (it never serves the old name), so a learner's saved
-#: notebook says what to write.
-MOVED = {
-    "train_step": "tpu_course.train.step", "pipelines": "tpu_course.train.pipelines",
-    "evaluation": "tpu_course.train.evaluation", "train_config": "tpu_course.train.config",
-    "history": "tpu_course.train.history", "checkpoints": "tpu_course.train.checkpoints",
-    "train_cli": "tpu_course.train.__main__", "aot": "tpu_course.hlo.aot",
-    "hlo_text": "tpu_course.hlo.text", "kernels": "tpu_course.pallas_tools",
-}
-
-
-def _moved_message(name: str) -> str:
-    home = MOVED[name]
-    package = home.split(".")[1]
-    if name == "train_cli":
-        how = "run `python -m tpu_course.train` (or call tpu_course.train.fit)"
-    elif home.count(".") == 1:  # renamed, not moved into a package
-        how = (f"use `from tpu_course import {package}`, then {package}.X (the same names: "
-               f"{name}.X is now {package}.X)")
-    else:
-        part = home.split(".")[2]
-        how = (f"use `from tpu_course import {package}`, then {package}.{part}.X (the names "
-               f"the chapters use are also {package}.X)")
-    return f"tpu_course.{name} moved to {home}: {how}"
-
-
-class _MovedModules:
-    """``import tpu_course.train_step`` and ``from tpu_course import train_step`` raise an
-    ImportError naming the new home (a finder consulted after every other one)."""
-
-    @staticmethod
-    def find_spec(fullname: str, path: Any = None, target: Any = None) -> None:
-        package, _, name = fullname.partition(".")
-        if package == __name__ and name in MOVED:
-            raise ModuleNotFoundError(_moved_message(name))  # no name=: not swallowed
-        return None
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
-
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
-    if name in MOVED:
-        raise AttributeError(_moved_message(name))
     raise AttributeError(f"module 'tpu_course' has no attribute {name!r}")
 
 

@@ -56,7 +56,7 @@ import dataclasses
 import math
 import numbers
 import textwrap
-from typing import Callable, NoReturn, Sequence
+from typing import Callable, Sequence
 
 from tpu_course import errors, hardware
 #: Per-hop ICI latency in seconds, "~1 us" (scaling book, sharding chapter).
@@ -552,20 +552,3 @@ def recommend(chip: hardware.Chip | str, params: float, tokens_per_slice: float,
                            f"DCN with {slices} slices: DP would wait on the network; pipeline instead")
     return Recommendation(within, across, need, chip.hbm_bytes, tokens_per_slice, threshold,
                           tuple(reasons))
-
-
-#: Names that lived here before they got modules of their own: asking for one says where.
-MOVED = {**dict.fromkeys(("PRICES_AS_OF", "PRICES_SOURCE", "PRICES_USD_PER_CHIP_HOUR",
-                          "SPOT_FRACTION_ASSUMED", "CostEstimate", "mfu", "pricing_note",
-                          "training_cost"), "tpu_course.costs"),
-         **dict.fromkeys(("STRATEGIES", "CollectivePlan", "PlannedCollective",
-                          "collective_bytes", "layer_bytes"), "tpu_course.plans")}
-
-
-def __getattr__(name: str) -> NoReturn:
-    if name in MOVED:
-        home = MOVED[name]
-        raise AttributeError(f"tpu_course.comms.{name} moved to {home}: use "
-                             f"`from tpu_course import {home.rsplit('.', 1)[1]}` and "
-                             f"{home.rsplit('.', 1)[1]}.{name}")
-    raise AttributeError(f"module 'tpu_course.comms' has no attribute {name!r}")

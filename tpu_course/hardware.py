@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import textwrap
-from typing import Mapping, NoReturn
+from typing import Mapping
 
 from tpu_course import errors, tables
 
@@ -731,11 +731,3 @@ def table(chip_names: list[str] | None = None) -> str:
                                    subsequent_indent="  ")  # a notebook's code column
     header = ("chip", "bf16 TFLOP/s", "HBM", "HBM GB/s", "MXUs", "FLOP/byte")
     return "\n".join([tables.text(rows, header, right=True), *notes])
-
-
-def __getattr__(name: str) -> NoReturn:
-    if name == "critical_intensity":  # one formula, on the chip's row
-        raise AttributeError("tpu_course.hardware.critical_intensity is now the method "
-                             "Chip.critical_intensity: hardware.get('v5e').critical_intensity()"
-                             " (or roofline.ridge_point('v5e'), which also takes a name)")
-    raise AttributeError(f"module 'tpu_course.hardware' has no attribute {name!r}")

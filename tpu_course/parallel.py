@@ -537,16 +537,3 @@ def gpipe_forward(stage_fn: Callable, stage_params: jax.Array, microbatches: jax
     fn = jax.shard_map(local, mesh=mesh, in_specs=(P(axis), P()),
                        out_specs=(P(), P(axis)))
     return jax.jit(fn)(stage_params, microbatches)
-
-
-# ----------------------------------------------------------------- several processes
-
-#: Names that moved to :mod:`tpu_course.multihost`: asking for one here says where they are.
-MOVED = ("LaunchError", "free_port", "launch_local", "multihost_problem", "train_data_parallel")
-
-
-def __getattr__(name: str) -> Any:
-    if name in MOVED:
-        raise AttributeError(f"tpu_course.parallel.{name} moved to tpu_course.multihost: use "
-                             f"`from tpu_course import multihost` and multihost.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
