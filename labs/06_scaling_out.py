@@ -22,7 +22,7 @@
 # 1. **predict** (10 min) the bytes of every collective FSDP needs for the chapter-5 MLP,
 #    before compiling anything;
 # 2. **write** (20 min) FSDP for that model by annotations alone: the `PartitionSpec`s, a
-#    sharding constraint and `jax.jit`; the compiled HLO then grades exercise 1;
+#    sharding constraint and `jax.jit`; its compiled HLO then shows what exercise 1 predicts;
 # 3. **predict** (10 min) what the TPU compiler makes of the same step on a v5e-8
 #    (compile-only: needs `libtpu` matching your jax, skipped otherwise);
 # 4. **transfer** (25 min) a *bidirectional* ring all-reduce from `ppermute`;
@@ -229,7 +229,8 @@ ch06.check_shard_fsdp(shard_fsdp)
 # %% [markdown]
 # The compiled step, on this backend: every collective XLA inserted, with its bytes per
 # device (shown once your exercise-1 prediction is recorded). Then exercise 1's prediction
-# is graded against it: against *your* step, so exercise 2 has to pass first.
+# is graded against the course's FSDP step compiled on the same 8 devices: the same
+# program as a right exercise 2, so the two numbers agree once your step is right.
 
 # %%
 if ch06.LAB.predicted("Exercise 1"):
@@ -248,7 +249,7 @@ if ch06.LAB.predicted("Exercise 1"):
 
 # %%
 if ch06.LAB.predicted("Exercise 1"):
-    display(ch06.check_fsdp_prediction(predicted_fsdp, shard_fsdp))
+    display(ch06.check_fsdp_prediction(predicted_fsdp))
 
 # %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 3: the same step for a v5e-8 (compile-only)
@@ -267,12 +268,15 @@ predicted_v5e_kind = NotWritten("Exercise 3 (FSDP on a v5e-8: predict, then comp
 ch06.LAB.predict("Exercise 3", predicted_v5e_kind)
 
 # %% [markdown]
-# The check compiles your step for the v5e-8 and shows what the TPU compiler chose: it
-# runs once your prediction is recorded (and locks it).
+# The check compiles the chapter's FSDP step for the v5e-8 and compares the kind the TPU
+# compiler chose with yours; then every collective of that program is printed. It runs
+# once your prediction is recorded (and locks it).
 
 # %%
 if ch06.LAB.predicted("Exercise 3"):
-    display(ch06.check_v5e_kind(predicted_v5e_kind, shard_fsdp))
+    display(ch06.check_v5e_kind(predicted_v5e_kind))
+    if hlo.tpu_compiler_problem() is None:
+        print("[v5e-8] bytes per device by kind:", ch06.fsdp_collectives("v5e:2x4"))
 
 # %% [markdown] workshop={"agenda": "self-paced"}
 # **The lesson.** The same annotations give different programs on different backends.
@@ -353,9 +357,8 @@ ch06.check_hierarchical(hierarchical_all_reduce)
 #
 # Write both rules yourself, with the chip's numbers from `tpu_course.hardware`
 # (`hardware.get(chip)`: `hbm_bytes`, `peak_bf16_flops_per_s`, `dcn_bytes_per_s`).
-# `comms.recommend` and `comms.dcn_min_tokens_per_slice` compute this answer, so the
-# check refuses an answer that uses them. The grader also tries other chips, sizes and
-# slice counts.
+# (`comms.recommend` makes the same plan: the cell after the check sets yours beside it.)
+# The grader also tries other chips, sizes and slice counts.
 
 # %%
 def choose(chip: str, params: float, tokens_per_slice: float, slices: int):
