@@ -66,6 +66,22 @@ def test_doctor_is_ok_on_a_plain_cpu():
     assert "status: OK" in proc.stdout
 
 
+def test_the_backend_probe_is_a_command_of_the_package(capsys):
+    """``probe_backend`` runs ``python -m tpu_course probe-backend`` (a function of
+    ``tpu_course.__main__``, no code in a string): one JSON line, here and in its process."""
+    import json
+
+    from tpu_course import __main__ as cli
+
+    assert cli.main([cli.PROBE_COMMAND]) == 0
+    here = json.loads(capsys.readouterr().out.strip())
+    assert here["ok"] and here["platform"] == "cpu"
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    there = cli.probe_backend({**env, "JAX_PLATFORMS": "cpu"})
+    assert there["ok"] and there["platform"] == "cpu" and there["returncode"] == 0
+    assert {k: there[k] for k in here} == {**here, "count": there["count"]}
+
+
 QUIET = """
 import sys, jax
 from tpu_course import runtime

@@ -43,17 +43,27 @@ def _accelerator_hints() -> list[str]:
     return hints
 
 
-# Runs in a fresh Python: starts JAX's default backend and says what came up, as JSON.
-_PROBE = """
-import json
-try:
-    import jax
-    d = jax.devices()
-    print(json.dumps({"ok": True, "platform": d[0].platform, "count": len(d),
-                      "device_kind": d[0].device_kind}))
-except BaseException as err:
-    print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {err}"}))
-"""
+#: The hidden command that :func:`probe_backend` runs in a fresh Python:
+#: ``python -m tpu_course probe-backend`` (:func:`report_backend`).
+PROBE_COMMAND = "probe-backend"
+
+
+def report_backend() -> int:
+    """Start JAX's default backend in this process and print what came up, or why not, as
+    one JSON line: ``{"ok": True, "platform", "count", "device_kind"}`` or ``{"ok": False,
+    "error"}``. :func:`probe_backend` runs it in a separate process, since a backend that
+    XLA refuses can end the process that starts it."""
+    try:
+        import jax
+
+        d = jax.devices()
+        found = {"ok": True, "platform": d[0].platform, "count": len(d),
+                 "device_kind": d[0].device_kind}
+    except BaseException as err:  # noqa: BLE001 - whatever stops JAX is the answer
+        found = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    print(json.dumps(found))
+    return 0
+
 
 _PLATFORM_NAMES = ("cpu", "tpu", "cuda", "gpu", "rocm")
 
@@ -66,8 +76,8 @@ def probe_backend(env: dict[str, str] | None = None, timeout_s: float = 180) -> 
     result here, not an exception.
     """
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                              text=True, timeout=timeout_s)
+        proc = subprocess.run([sys.executable, "-m", "tpu_course", PROBE_COMMAND], env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"JAX did not start within {timeout_s:.0f} s",
                 "stderr": "", "returncode": None}
@@ -246,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         from tpu_course import grade
 
         return grade.main(argv[1:])
+    if argv == [PROBE_COMMAND]:  # not in --help: probe_backend's own process
+        return report_backend()
     parser = argparse.ArgumentParser(prog="tpu-course", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["doctor", "preflight", "grade"],
                         help="doctor: is this runtime ready; preflight: run every chapter's "
