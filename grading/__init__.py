@@ -81,11 +81,14 @@ def _output(exercise: Exercise, answer: Any, case: Case) -> Any:
     return got
 
 
-def expected(exercise: Exercise, key: Key, cases: Sequence[Case]
+def expected(exercise: Exercise, key: Key, cases: Sequence[Case], *, wants: bool = True
              ) -> tuple[list[Any], list[list[tuple[Mistake, Any]]]]:
-    """The expected output of each case and each mistake's output on it (None for a rule),
-    computed here, in the grader's process, from the reference and the instrument."""
-    if exercise.expect is not None:
+    """The expected output of each case (``wants=False``: None, not computed) and each
+    mistake's output on it (``NO_OUTPUT`` for a rule), computed here, in the grader's
+    process, from the reference and the instrument."""
+    if not wants:
+        wants = [None] * len(cases)
+    elif exercise.expect is not None:
         wants = [engine.plain(exercise.expect(c)) for c in cases]
     else:
         wants = [_output(exercise, key.reference, c) for c in cases]
@@ -137,7 +140,7 @@ def visible_data(lab: int) -> dict:
         if ex.expect is None and ex.kind == "predict":
             raise ValueError(f"{ex.title}: a prediction's expected value must come from an "
                              "instrument (expect=), or the wheel would hold its answer")
-        wants, mistakes = expected(ex, key, ex.cases)
+        wants, mistakes = expected(ex, key, ex.cases, wants=ex.expect is None)
         entry = {"mistakes": [[[m.hint, _NO if m.answer is None or (
             isinstance(out, engine.Raised) and out.kind != "Wrong") else engine.encode(out)]
             for m, out in per] for per in mistakes]}
