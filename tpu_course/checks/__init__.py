@@ -5,10 +5,11 @@ every exercise once, as an :class:`~tpu_course.checks.engine.Exercise` (what the
 provides, the visible cases, how the learner's code is run, how its output is compared).
 A check cell calls the exercise's check, which never raises: "passed", "failed" (with a
 hint; the expected answer only through :func:`reveal`), "not written" or "skipped".
-``LAB.scorecard(globals())`` at the end of a lab totals them. References, hidden cases and
-known mistakes are not here: they live in the repository's ``grading/`` folder, which
-``tpu-course grade`` loads (see :mod:`tpu_course.checks.engine`). Chapter sub-modules load
-on first use (``checks.ch05``), since some of them import JAX.
+``LAB.scorecard(globals())`` at the end of a lab totals them, and ``hand_in(LAB, MY_ID)``
+marks the notebook as the learner's hand-in (the grader reads who from it). References,
+hidden cases and known mistakes are not here: they live in the repository's ``grading/``
+folder, which ``tpu-course grade`` loads (see :mod:`tpu_course.checks.engine`). Chapter
+sub-modules load on first use (``checks.ch05``), since some of them import JAX.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from typing import Any
 from tpu_course.errors import CourseValueError
 from tpu_course.checks.engine import (
     KINDS, NEEDS, Case, CheckResult, Exercise, Lab, Mistake, NotWritten, NotWrittenError,
-    Scorecard, fail, is_not_written, not_written, ok, reveal, skip_if_not_written, skipped,
+    Scorecard, fail, hand_in, is_not_written, not_written, ok, reveal, skip_if_not_written,
+    skipped,
 )
 
 __all__ = [
     "KINDS", "NEEDS", "Case", "CheckResult", "Exercise", "Lab", "Mistake", "NotWritten",
-    "NotWrittenError", "Scorecard", "fail", "is_not_written", "not_written", "ok", "reveal",
-    "skip_if_not_written", "skipped", "LABS", "lab",
+    "NotWrittenError", "Scorecard", "fail", "hand_in", "is_not_written", "not_written", "ok",
+    "reveal", "skip_if_not_written", "skipped", "LABS", "lab",
 ]
 #: The chapter modules that hold a lab, in order.
 LABS = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08")

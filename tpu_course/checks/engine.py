@@ -929,3 +929,55 @@ def reveal(exercise: str | int, lab: int | None = None) -> str:
             f"({r.message}). Fix that, run the check again, then ask again.")
     print(text)
     return text
+
+
+# -- handing a lab in ----------------------------------------------------------------------
+
+#: The output data type (and metadata key) that carries a hand-in record in the .ipynb.
+HAND_IN_TYPE = "application/vnd.tpu-course.hand-in+json"
+#: Where a learner's id may come from when the hand-in cell does not give it.
+HAND_IN_ENV = "TPU_COURSE_LEARNER"
+
+
+def hand_in(lab: Any, learner: Any = None) -> None:
+    """Mark this notebook as ``learner``'s hand-in of ``lab`` (a :class:`Lab` or its
+    number): an output of this cell carries ``{"tpu_course": {"learner", "lab",
+    "handed_in"}}`` in its metadata, which Jupyter, Colab and Kaggle save in the .ipynb
+    and the grader reads. ``learner`` defaults to the ``TPU_COURSE_LEARNER`` environment
+    variable; with neither, it prints how to give one and records nothing. It never
+    waits for input, so "Run all" runs through it."""
+    import datetime
+    import os
+
+    number = getattr(lab, "number", lab)
+    given = learner if isinstance(learner, str) and learner.strip() else os.environ.get(
+        HAND_IN_ENV, "")
+    who = " ".join(str(given).split())
+    if not who or len(who) > 128 or not who.isprintable():
+        said = ("is not a usable id (at most 128 characters, on one line)" if who else
+                "has no id yet")
+        print(f"This hand-in {said}: write the id your instructor asked for (your course "
+              "login or e-mail) between the quotes above, e.g. MY_ID = \"ada.lovelace\", and "
+              f"run this cell again (or set the {HAND_IN_ENV} environment variable).")
+        return
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record = {"learner": who, "lab": number, "handed_in": when}
+    text = (f"Lab {number} handed in as {who!r} at {when}. Now save the notebook with this "
+            "output in it:\n"
+            "  Colab:   File > Download > Download .ipynb\n"
+            "  Kaggle:  File > Download notebook\n"
+            "  Jupyter: File > Save Notebook (the .ipynb file is what you hand in)\n"
+            "then upload that file where your instructor asked (a shared folder or the "
+            "course's assignment page). Run this cell again after any change.")
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is None:
+        print(text)
+        return
+    display({"text/plain": text, HAND_IN_TYPE: record}, raw=True,
+            metadata={"tpu_course": record})
