@@ -284,7 +284,7 @@ checks.ch03.check_per_example_norms(per_example_grad_norms)
 # ## Exercise 5: port a PyTorch training step and prove parity (30 min)
 #
 # The PyTorch original (its outputs are stored in `tpu_course/reference/`; with torch
-# installed, the checker runs it live instead):
+# installed, `checks.ch03.reference()` runs it live instead):
 #
 # ```python
 # model = nn.Sequential(OrderedDict(
