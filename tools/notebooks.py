@@ -17,6 +17,7 @@ Command line (from the repository root)::
     python -m tools.notebooks labs           # rewrite labs/ from solutions/
     python -m tools.notebooks check          # exit 1 and say what drifted
     python -m tools.notebooks sync           # setup cells, README table, cell metadata
+    python -m tools.notebooks sync notebooks/*.py   # those notebooks' setup cells only
 """
 
 from __future__ import annotations
@@ -45,116 +46,32 @@ END = re.compile(r"^[ \t]*### END SOLUTION\s*$")
 #: below it is upgraded to exactly this version.
 JAX_FLOOR = tpu_course.jax_floor()
 
-# The first code cell of every notebook, lab and solution (``make sync`` writes it). Four
-# cases, each tested in throw-away virtual environments (tests/test_setup_cell.py): the
-# course and a recent enough jax are there -> nothing happens; the course is missing ->
-# pip installs it alone, the runtime's jax, jaxlib and libtpu pinned as they are (no jax
-# at all: pip brings the newest); jax is below the floor -> jax, jaxlib (with libtpu or
-# the CUDA plugin) and the course installed together at the floor's tested versions, then
-# "Run all" stops asking for one restart and naming every package that pip moved (flax
-# and libtpu move too, not only jax); pip fails -> pip's own error lines (not only its
-# last lines, which end in "See above") and the fix for that cause: a repository that
-# cannot be read, no network, or anything else; no traceback. ``TPU_COURSE_SPEC``
-# replaces the pip requirement for the course (a fork, a tag, a wheel).
+# The first code cell of every notebook, lab and solution (``make sync`` writes it): it
+# installs the course where it is missing (Colab, Kaggle), alone (``--no-deps``: nothing
+# else moves yet), and hands the rest to ``tpu_course.setup.finish`` (the version floors,
+# a jax older than its floor upgraded with its runtime and one restart asked for, pip's
+# failures explained; tests/test_setup.py). Where pip cannot fetch the course, pip's own
+# words and the usual fixes end the run (``sys.exit``: no traceback).
+# ``TPU_COURSE_SPEC`` replaces the pip requirement for the course (a fork, a tag, a wheel).
 #
 # How it shows: on Colab a folded form (``# @title``, ``cellView: form``), in JupyterLab
 # collapsed (``jupyter.source_hidden``), on the website and the decks not at all (the
 # ``course-setup`` tag, which both builds honour). ``SETUP_METADATA`` is that metadata.
-SETUP_CELL = (r'''# @title Install the course { display-mode: "form" }
-# @markdown Installs the course package where it is missing (Colab, Kaggle) and nothing
-# @markdown else. Where jax is older than the course's floor, it upgrades jax and its
-# @markdown runtime together and asks for one restart. Nothing to change: run it.
-import importlib.metadata
-import importlib.util
-import os
-import re
-import shutil
-import subprocess
-import sys
-
-
-class SetupStop(Exception):
-    """Ends "Run all" with this message instead of a traceback."""
-
-    def _render_traceback_(self):
-        return [str(self)]
-
-
-def setup_course(floor="@FLOOR@"):
-    def version(package):
-        try:
-            text = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
-
-    def installed():
-        names = {}
-        for dist in importlib.metadata.distributions():
-            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "?").lower()
-            names.setdefault(name, dist.version)
-        return names
-
-    def failure(wanted, output):
-        lines = [line.strip() for line in output.splitlines() if line.strip()]
-        causes = [line for line in lines if re.match(r"(error|fatal)\b", line, re.I)
-                  and "See above" not in line]
-        repository = ("could not read Username|Repository not found|Authentication"
-                      " failed|not appear to be a git repository"
-                      "|Could not read from remote")
-        network = ("name resolution|Failed to establish a new connection|unreachable"
-                   "|Could not resolve host|timed out|No route to host")
-        if any(re.search(repository, line) for line in lines):
-            fix = ("the course's repository could not be read (private, moved, or a "
-                   "wrong TPU_COURSE_SPEC): set TPU_COURSE_SPEC to a public copy")
-        elif any(re.search(network, line) for line in lines):
-            fix = "switch the runtime's internet on (Kaggle: Settings > Internet on)"
-        else:
-            fix = ("read pip's error above; without a network it looks like this too "
-                   "(Kaggle: Settings > Internet on)")
-        shown = "\n  ".join(list(dict.fromkeys(causes or lines[-6:]))[:10])
-        return SetupStop(f"Setup failed: pip could not install {' '.join(wanted)}:\n"
-                         f"  {shown}\nFix: {fix}, then run this cell again.")
-
+SETUP_CELL = ('''# @title Install the course where it is missing { display-mode: "form" }
+import importlib.util, os, shlex, subprocess, sys
+if importlib.util.find_spec("tpu_course") is None:  # Colab, Kaggle: the course alone
     course = os.environ.get("TPU_COURSE_SPEC",
                             "tpu-course @ git+https://github.com/@REPO@")
-    jax_now = version("jax")
-    upgrade = jax_now is not None and jax_now < tuple(map(int, floor.split(".")))
-    if upgrade:  # one tested set: jax, jaxlib and the runtime's plugin together
-        if importlib.util.find_spec("libtpu"):
-            kind = "[tpu]"
-        elif version("jax-cuda12-plugin") or shutil.which("nvidia-smi"):
-            kind = "[cuda12]"
-        else:
-            kind = ""
-        wanted = [f"jax{kind}=={floor}", f"jaxlib=={floor}", course]
-    elif importlib.util.find_spec("tpu_course") is None:  # keep the runtime's own jax
-        wanted = [f"{p}=={importlib.metadata.version(p)}"
-                  for p in ("jax", "jaxlib", "libtpu") if version(p)]
-        wanted.append(course)
-    else:
-        return
-    before = installed() if upgrade else {}
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted],
-                         capture_output=True, text=True)
-    if pip.returncode != 0:
-        raise failure(wanted, pip.stderr + "\n" + pip.stdout)
-    if upgrade:
-        importlib.invalidate_caches()
-        after = installed()
-        moved = [f"{p} {before[p]} -> {v}" if p in before else f"{p} {v} (new)"
-                 for p, v in sorted(after.items()) if before.get(p) != v]
-        was = ".".join(map(str, jax_now))
-        raise SetupStop(
-            f"Setup: this runtime's jax {was} is older than the course's floor {floor},"
-            " so pip installed a tested set together:\n  " + "\n  ".join(moved)
-            + "\nRestart the runtime once (Colab: Runtime > Restart session) and run "
-            "all again: the new versions load only in a fresh process, and this cell "
-            "will then install nothing.")
-
-
-setup_course()'''
-              .replace("@FLOOR@", JAX_FLOOR).replace("@REPO@", REPOSITORY))
+    status, said = subprocess.getstatusoutput(shlex.join(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", course]))
+    if status:  # pip's own words, then the usual fixes
+        sys.exit(f"{said}\\nSetup failed: pip could not install {course}. Fix: turn on "
+                 "the internet (Kaggle: Settings > Internet on) or set TPU_COURSE_SPEC")
+import tpu_course.setup  # the rest: tpu_course/setup.py
+tpu_course.setup.finish()'''
+              .replace("@REPO@", REPOSITORY))
+#: The most lines the setup cell may have (issue 39: a few lines, the rest in the package).
+SETUP_CELL_MAX_LINES = 12
 
 
 #: The setup cell's metadata: a folded form on Colab, collapsed input in JupyterLab, and
@@ -238,9 +155,9 @@ def metadata_drift(ipynb: pathlib.Path) -> list[str]:
             for i, (a, b) in enumerate(zip(nb.cells, twin.cells)) if _owned(a) != _owned(b)]
 
 
-def sync_cell_metadata() -> list[str]:
+def sync_cell_metadata(twins: list[pathlib.Path] | None = None) -> list[str]:
     """Copy each twin's slide metadata, tags and workshop data into its ``.ipynb`` (outputs
-    untouched).
+    untouched); ``twins``: these ``.py`` twins only (default: :func:`all_twins`).
 
     Only where the cell sources match; returns the notebooks skipped because they do not
     (those need a rebuild).
@@ -248,7 +165,7 @@ def sync_cell_metadata() -> list[str]:
     import nbformat
 
     skipped = []
-    for py in all_twins():
+    for py in all_twins() if twins is None else twins:
         ipynb = py.with_suffix(".ipynb")
         if not ipynb.exists():
             continue
@@ -572,8 +489,9 @@ def check() -> list[str]:
     return problems
 
 
-def sync_setup_cells() -> None:
-    """Put the canonical setup cell first in every ``.py`` twin (after the title cell).
+def sync_setup_cells(twins: list[pathlib.Path] | None = None) -> None:
+    """Put the canonical setup cell first in every ``.py`` twin (after the title cell);
+    ``twins``: these twins only (default: :func:`all_twins`).
 
     The ``.ipynb`` beside each twin gets the same source in its first code cell (its
     outputs stay: where the course is installed the cell prints nothing), so changing
@@ -581,7 +499,8 @@ def sync_setup_cells() -> None:
     """
     import nbformat
 
-    for ipynb in (p.with_suffix(".ipynb") for p in all_twins()):
+    twins = all_twins() if twins is None else twins
+    for ipynb in (p.with_suffix(".ipynb") for p in twins):
         if ipynb.exists():
             nb = nbformat.read(ipynb, as_version=4)
             first = next((c for c in nb.cells if c.cell_type == "code"), None)
@@ -590,7 +509,7 @@ def sync_setup_cells() -> None:
                 first.source = SETUP_CELL
                 first.metadata.update(json.loads(json.dumps(SETUP_METADATA)))
                 nbformat.write(nb, ipynb)
-    for py in all_twins():
+    for py in twins:
         text = py.read_text()
         parts = re.split(r"(?m)^(?=# %%)", text)
         for i, part in enumerate(parts):
@@ -638,8 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--all", action="store_true")
     sub.add_parser("labs", help="write labs/ from solutions/")
     sub.add_parser("check", help="report drift and exit 1 when there is any")
-    sub.add_parser("sync", help="rewrite every setup cell and the README chapter table; copy "
-                   "slide metadata and tags from each .py twin into its .ipynb")
+    y = sub.add_parser("sync", help="rewrite every setup cell and the README chapter table; "
+                       "copy slide metadata and tags from each .py twin into its .ipynb")
+    y.add_argument("paths", nargs="*", type=pathlib.Path,
+                   help="only these notebooks (.py or .ipynb, in notebooks/ or solutions/): "
+                        "their setup cells and metadata; labs, README and the agenda stay")
     r = sub.add_parser("run-labs", help="run each unsolved lab to its scorecard (0 of M)")
     r.add_argument("paths", nargs="*", type=pathlib.Path)
     r.add_argument("--jobs", type=int, default=1, help="labs run at once, each on its own kernel")
@@ -655,6 +577,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "sync":
         from tools import workshop
 
+        if args.paths:
+            twins = sorted({p.resolve().with_suffix(".py") for p in args.paths})
+            unknown = [p for p in twins if p not in all_twins()]
+            if unknown:
+                parser.error(f"not a notebook or solution twin: {', '.join(map(str, unknown))}")
+            sync_setup_cells(twins)
+            for line in sync_cell_metadata(twins):
+                print(line)
+            return 0
         sync_setup_cells()
         for line in sync_cell_metadata():
             print(line)

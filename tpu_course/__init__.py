@@ -27,36 +27,16 @@ REPOSITORY = "tpu-course/tpu-course"
 def jax_floor() -> str:
     """The oldest jax the course runs on, such as ``"0.7.2"``: the ``jax>=`` bound of
     pyproject.toml's dependencies, the one place it is typed (Colab's own jax: the setup
-    cell, ``tools.notebooks.JAX_FLOOR`` and ``tpu_course.preflight`` read it here).
+    cell's :func:`tpu_course.setup.finish`, ``tools.notebooks.JAX_FLOOR`` and
+    ``tpu_course.preflight`` read it here).
 
     From the checkout's pyproject.toml where there is one (a clone, an editable install:
     an edit there counts without reinstalling), else from the installed package's
     metadata (``pip install`` on Colab or Kaggle brings no pyproject.toml).
     """
-    import importlib.metadata
-    import pathlib
-    import re
+    from tpu_course import setup
 
-    pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
-    if pyproject.is_file():
-        import tomllib
-
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
-        requirements = project.get("dependencies", []) if project.get("name") == "tpu-course" else None
-    else:
-        requirements = None
-    if requirements is None:
-        try:
-            requirements = importlib.metadata.requires("tpu-course") or []
-        except importlib.metadata.PackageNotFoundError:
-            requirements = []
-    for requirement in requirements:
-        found = re.fullmatch(r"jax\s*>=\s*([\d.]+)", requirement.strip())
-        if found:
-            return found.group(1)
-    raise RuntimeError("tpu-course: no `jax>=` requirement found, neither in a pyproject.toml "
-                       "next to the package nor in installed metadata; install the course "
-                       "(pip install -e . in a clone) so that its requirements are known.")
+    return setup.floor("jax")
 
 
 #: Every submodule, loaded on first use (tests/test_registries.py checks it against the files).
@@ -64,7 +44,7 @@ _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "plans", "costs", "runtime",
     "data", "hlo", "bench", "transfer", "models", "train", "parallel", "multihost", "parity",
     "pallas_tools", "viz", "tables", "checks", "preflight", "grade", "lm", "textdata",
-    "profiling",
+    "profiling", "setup",
 )
 
 
