@@ -10,6 +10,9 @@ Two grading runs, shared by the tests:
   leaving processes behind, killing their worker).
 - ``odd``, without a sandbox: an endless loop under a short ``--timeout``, a kernel that
   exits, a lab recognised from its content, a chapter notebook.
+
+Who a file belongs to, rosters, sections, the gradebooks and the memory limit are in
+``tests/test_room.py``.
 """
 
 from __future__ import annotations
@@ -332,20 +335,6 @@ def test_worker_results_are_read_as_data_only(tmp_path):
     assert all(isinstance(d, str) and d.startswith("<unreadable") for d in decoded)
     path.write_text("[1, 2]")
     assert grade._read_results(path) is None
-
-
-def test_learner_ids_and_duplicates(tmp_path):
-    assert grade.learner_id("room/alice.ipynb") == "alice"
-    assert grade.learner_id("room/alice (2).ipynb") == "alice"
-    assert grade.learner_id("room/bob/lab-1.ipynb") == "bob"
-    assert grade._safe_name("ben_") != grade._safe_name("ben")
-    older, newer = tmp_path / "lab-1 (1).ipynb", tmp_path / "lab-1.ipynb"
-    subs = [grade.Submission(p, "ann", 1) for p in (older, newer)]
-    for i, p in enumerate((older, newer)):
-        p.write_text("{}")
-        os.utime(p, (1000 + i, 1000 + i))
-    grade.drop_duplicates(subs)
-    assert subs[0].superseded_by == newer and subs[1].superseded_by is None
 
 
 def test_bad_out_paths_force_and_resume(tmp_path):

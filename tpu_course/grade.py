@@ -5,9 +5,9 @@ not is said below; read it before you rely on a grade.
 
 Each submission (a ``.ipynb`` file, or a folder searched for them) is recognised from its
 content, never its file name: the notebook's ``tpu_course.lab`` metadata, else its
-``# Lab N`` title, else the lab checks its cells call. The learner is the file's stem
-(``alice.ipynb``), or its folder when the file is named after the lab
-(``alice/lab-1.ipynb``); several files of one learner and lab count once, the newest. Only
+``# Lab N`` title, else the lab checks its cells call. Who handed it in comes from the
+notebook too (the hand-in record its last cell stores), the file's path only as a
+fallback; :mod:`tpu_course.room` says how, and writes everything but ``grades.csv``. Only
 regular files are read: a symlink, a named pipe, a socket or a device gets a row that says
 what it is and is never opened.
 
@@ -37,19 +37,31 @@ can run (no ``bwrap``, macOS, a container that blocks user namespaces,
 ``TPU_COURSE_GRADE_SANDBOX=off``) the first line of output and ``summary.md`` say so: the
 learner's code then runs as you, with your files and network, and could read the keys.
 
+Limits per submission (:class:`Limits`): wall time over the whole run (``--timeout``, plus
+:data:`SLACK_S` for starting the kernel and writing the outputs); memory (``--memory``,
+default the machine's memory divided by ``--jobs``) and processes (``--processes``),
+enforced by a watchdog that sums the resident memory of, and counts, every process that
+carries the submission's token and kills them all when over; the size of any one file
+written (``--file-size``, an ``RLIMIT_FSIZE``). The worker's processes are also the first
+the kernel's out-of-memory killer picks. A row names the limit that stopped it.
+
 What a determined learner can still do: make their own notebook's checks pass (they are
 feedback), and write code that behaves right on every case it is given; that is the
-exercise. What they cannot do: see a hidden case before answering, reach the expected
-outputs or the verdicts, or change a prediction after the cell that states it.
+exercise. They can also replace the course's probe functions in their own kernel so that
+they report made-up outputs: that passes only where a library computes the answer (a
+Pallas kernel replaced by a numpy call). What they cannot do: see a hidden case before
+answering, reach the expected outputs or the verdicts, or change a prediction after the
+cell that states it.
 
 Results: ``DIR/grades.csv`` (one row per exercise: ``file, learner, lab, exercise, status,
-points, max_points, message, hint, graded_at``; status one of ``passed``, ``failed``,
-``not written``, ``skipped``, ``error``, ``timeout``), written as each submission is
-graded; ``DIR/gradebook.csv`` (one row per learner), ``DIR/summary.md`` and
-``DIR/feedback/LEARNER/lab-N.md`` (and ``.html``), ready to hand back. ``--resume`` goes on
-from the rows already in ``grades.csv``. Every CSV field that a spreadsheet would read as
-a formula is neutralised. The exit status is 0 when grading ran, whatever the learners
-scored, and 2 when it could not (named).
+points, max_points, message, hint, graded_at, seconds, peak_gb, id_from``; status one of
+``passed``, ``failed``, ``not written``, ``skipped``, ``error``, ``timeout``), appended as
+each submission is graded; then ``gradebook.csv``, ``canvas.csv``, ``moodle.csv``,
+``nbgrader.csv``, ``summary.md`` and ``feedback/ID/lab-N.md`` (and ``.html``).
+``--resume`` goes on from the rows already in ``grades.csv``; Ctrl-C writes what was
+graded, marked partial. Every CSV field that a spreadsheet would read as a formula is
+neutralised. The exit status is 0 when grading ran, whatever the learners scored, and 2
+when it could not (named).
 """
 
 from __future__ import annotations
@@ -60,7 +72,6 @@ import csv
 import dataclasses
 import datetime
 import glob
-import html
 import importlib
 import importlib.util
 import json
@@ -79,11 +90,12 @@ import threading
 import time
 from typing import Any, Iterable, Sequence
 
-from tpu_course import errors
+from tpu_course import errors, room
+from tpu_course.room import one_line as _one_line, safe as _safe
 
 STATUSES = ("passed", "failed", "not written", "skipped", "error", "timeout")
 COLUMNS = ("file", "learner", "lab", "exercise", "status", "points", "max_points", "message",
-           "hint", "graded_at")
+           "hint", "graded_at", "seconds", "peak_gb", "id_from")
 DEFAULT_TIMEOUT_S = 600.0
 #: Seconds for starting the kernel and writing the outputs, beyond ``--timeout``.
 SLACK_S = 90.0
@@ -166,30 +178,6 @@ def _source(cell: Any) -> str:
     return "".join(src) if isinstance(src, list) else str(src)
 
 
-_LAB_NAME = re.compile(r"^(lab[\s_-]*\d+|\d\d_[a-z0-9_]+)$", re.IGNORECASE)
-
-
-def learner_id(path: str | os.PathLike) -> str:
-    """Who handed ``path`` in: the file's stem without a copy suffix (``alice (1)`` is
-    ``alice``), or the folder's name when the file is named after a lab
-    (``alice/lab-1.ipynb``, ``alice/01_systolic_array.ipynb``).
-
-    >>> learner_id("room/alice (1).ipynb"), learner_id("room/bob/lab-3 (2).ipynb")
-    ('alice', 'bob')
-    >>> learner_id("submitted/carol/lab1/01_systolic_array.ipynb")  # nbgrader's layout
-    'carol'
-    """
-    path = pathlib.Path(os.path.abspath(path))
-    stem = path.stem.strip()
-    bare = re.sub(r"\s*\(\d+\)$|[\s_-]*copy\d*$", "", stem, flags=re.IGNORECASE).strip()
-    if (_LAB_NAME.match(bare) or _LAB_NAME.match(stem)) and path.parent.name:
-        folder = path.parent
-        if _LAB_NAME.match(folder.name) and folder.parent.name:  # nbgrader: STUDENT/lab1/
-            folder = folder.parent
-        return folder.name
-    return bare or stem
-
-
 @dataclasses.dataclass
 class Submission:
     """One file handed in: who, which lab, and its parsed notebook (None: unreadable)."""
@@ -200,6 +188,8 @@ class Submission:
     nb: Any = None
     problem: str = ""  # why it cannot be graded (unreadable, not a lab, not a file)
     superseded_by: pathlib.Path | None = None
+    id_from: str = room.FROM_NAME  # where ``learner`` came from (room.FROM_HAND_IN)
+    handed_in: datetime.datetime | None = None  # the stored hand-in time
 
 
 #: What a path that is not a regular file is, for its row.
@@ -231,7 +221,7 @@ def read_submission(path: pathlib.Path) -> Submission:
     """Parse ``path`` (on the grader's side: nothing of it runs) and recognise its lab."""
     import nbformat
 
-    sub = Submission(path, learner_id(path))
+    sub = Submission(path, path.stem)
     sub.problem = not_a_file(path)
     if sub.problem:
         return sub
@@ -248,25 +238,6 @@ def read_submission(path: pathlib.Path) -> Submission:
         sub.problem = ("not a lab notebook: no tpu_course lab metadata, no '# Lab N' title and "
                        "no call to a lab's checks")
     return sub
-
-
-def drop_duplicates(subs: Sequence[Submission]) -> None:
-    """Mark all but the newest file of each learner and lab as superseded (in place)."""
-    newest: dict[tuple[str, int], Submission] = {}
-    for sub in subs:
-        if sub.lab is None:
-            continue
-        key = (sub.learner, sub.lab)
-        other = newest.get(key)
-        if other is None or sub.path.stat().st_mtime >= other.path.stat().st_mtime:
-            if other is not None:
-                other.superseded_by = sub.path
-            newest[key] = sub
-        else:
-            sub.superseded_by = other.path
-    for sub in subs:  # a chain (a < b < c): everyone points at the one that counts
-        if sub.superseded_by is not None:
-            sub.superseded_by = newest[(sub.learner, sub.lab)].path
 
 
 # -- the keys ------------------------------------------------------------------------------
@@ -488,26 +459,130 @@ def _kill_leftovers(token: str) -> None:
             pass
 
 
+#: Processes one submission may run at once (worker, kernel, whatever they start).
+DEFAULT_PROCESSES = 64
+#: The largest file a submission's processes may write (the worker's results included).
+DEFAULT_FILE_BYTES = 2**30
+#: Seconds between two looks of the watchdog.
+WATCH_S = 0.2
+
+
+def machine_memory() -> int:
+    """Bytes of memory this machine (or the container's cgroup, when lower) holds."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = pathlib.Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one submission may use: wall time over the whole run, memory (resident, summed
+    over its processes; 0: none), processes at once, and bytes per file written."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    memory_bytes: int = 0
+    processes: int = DEFAULT_PROCESSES
+    file_bytes: int = DEFAULT_FILE_BYTES
+
+    @classmethod
+    def fair(cls, jobs: int = 1, **given: Any) -> "Limits":
+        """The machine's memory shared by ``jobs`` submissions at once, unless given."""
+        if not given.get("memory_bytes"):
+            given["memory_bytes"] = machine_memory() // max(1, jobs)
+        return cls(**given)
+
+    def describe(self) -> str:
+        memory = f"{self.memory_bytes / 1e9:.1f} GB memory" if self.memory_bytes else \
+            "no memory limit"
+        return (f"{self.timeout_s:g} s, {memory}, {self.processes} processes, "
+                f"{self.file_bytes / 1e9:.1f} GB per file")
+
+
+def _preexec(file_bytes: int) -> Any:
+    """Run in the worker's process before it starts: the file-size limit, and first in
+    line for the kernel's out-of-memory killer."""
+    def setup() -> None:
+        import resource
+
+        if file_bytes:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+    return setup
+
+
+class _Watch:
+    """The processes that carry a submission's token: how many, and their resident bytes."""
+
+    def __init__(self, token: str) -> None:
+        self.needle = f"TPU_COURSE_GRADE_TOKEN={token}".encode()
+        self.others: set[int] = {os.getpid()}  # processes seen without the token
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def look(self) -> tuple[int, int]:
+        count = rss = 0
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in self.others:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    mine = self.needle in f.read().split(b"\0")
+                if not mine:
+                    self.others.add(int(entry.name))
+                    continue
+                with open(f"/proc/{entry.name}/statm", "rb") as f:
+                    rss += int(f.read().split()[1]) * self.page
+                count += 1
+            except (OSError, ValueError, IndexError):
+                continue
+        return count, rss
+
+
 def _spawn_worker(sandbox: Sandbox, work: pathlib.Path, private: pathlib.Path,
-                  limit_s: float) -> tuple[str, bool]:
-    """Run the worker on ``work`` (in the sandbox): (the tail of its stderr, whether it ran
-    past ``limit_s``). Every process it started is killed when it ends."""
+                  limits: Limits) -> tuple[str, str, int]:
+    """Run the worker on ``work`` (in the sandbox) under ``limits``: (the tail of its
+    stderr, the limit that stopped it or ``""``, the most resident bytes seen). Every
+    process it started is killed when it ends."""
     token = secrets.token_hex(8)
     inside = SANDBOX_WORK if sandbox.bwrap else str(work)
     argv = [sys.executable, "-m", "tpu_course.checks.worker", inside]
-    timed_out = False
+    stopped, peak = "", 0
+    watch = _Watch(token)
+    deadline = time.monotonic() + limits.timeout_s + SLACK_S
     with open(private / "worker.stderr", "w+b") as err:
         try:
             proc = subprocess.Popen(sandbox.command(argv, work), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=err,
                                     env=sandbox.env(token, private), cwd=work,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=_preexec(limits.file_bytes))
         except OSError as e:
-            return f"could not start: {e}", False
+            return f"could not start: {e}", "", 0
         try:
-            proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while proc.poll() is None:
+                count, rss = watch.look()
+                peak = max(peak, rss)
+                if limits.memory_bytes and rss > limits.memory_bytes:
+                    stopped = "memory"
+                elif limits.processes and count > limits.processes:
+                    stopped = "processes"
+                elif time.monotonic() > deadline:
+                    stopped = "time"
+                if stopped:
+                    break
+                try:
+                    proc.wait(timeout=WATCH_S)
+                except subprocess.TimeoutExpired:
+                    pass
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -518,7 +593,7 @@ def _spawn_worker(sandbox: Sandbox, work: pathlib.Path, private: pathlib.Path,
         err.seek(0, os.SEEK_END)
         err.seek(max(0, err.tell() - 4000))
         tail = " | ".join(err.read().decode(errors="replace").strip().splitlines()[-3:])
-    return tail, timed_out
+    return tail, stopped, peak
 
 
 def _read_results(path: pathlib.Path) -> dict | None:
@@ -546,14 +621,17 @@ def _probe_values(ex: Any, cases: Sequence[Any], captured: dict) -> dict:
 
 
 def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
-                     timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict]:
+                     limits: Limits | None = None) -> list[dict]:
     """Grade one submission: the worker runs it (sandboxed) and writes its outputs; this
     process judges them. Its rows of grades.csv; never raises for anything the submission
     does."""
     from tpu_course import checks
     from tpu_course.checks import engine
 
-    base = {"file": str(sub.path), "learner": sub.learner, "lab": sub.lab or ""}
+    limits = limits or Limits()
+    timeout_s = limits.timeout_s
+    base = {"file": str(sub.path), "learner": sub.learner, "lab": sub.lab or "",
+            "id_from": sub.id_from}
     if sub.problem:
         return [{**base, "exercise": "", "status": "error", "message": sub.problem}]
     lab = checks.lab(sub.lab)
@@ -580,6 +658,7 @@ def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
                 "points": ex.points if status == "passed" else 0, "max_points": ex.points,
                 "message": _one_line(message), "hint": _one_line(hint)}
 
+    note, problem, peak = "", None, 0
     if probes:
         private = pathlib.Path(tempfile.mkdtemp(prefix="tpu-course-grade-"))
         try:
@@ -588,12 +667,19 @@ def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
             shutil.copyfile(sub.path, work / "submission.ipynb")
             (work / "job.json").write_text(json.dumps({
                 "lab": sub.lab, "timeout_s": timeout_s, "captures": where, "probes": probes}))
-            tail, late = _spawn_worker(sandbox, work, private, timeout_s + SLACK_S)
+            tail, stopped, peak = _spawn_worker(sandbox, work, private, limits)
             results = _read_results(work / "results.json")
         finally:
             shutil.rmtree(private, ignore_errors=True)
         status = str((results or {}).get("status", ""))
-        if late or status == "timeout":
+        if stopped == "memory":
+            problem = ("error", f"stopped at the memory limit: the notebook's processes held "
+                                f"{peak / 1e9:.2f} GB, over the {limits.memory_bytes / 1e9:.2f}"
+                                " GB it may use (--memory): a cell keeps too much data")
+        elif stopped == "processes":
+            problem = ("error", f"stopped at the process limit: the notebook ran more than "
+                                f"{limits.processes} processes at once (--processes)")
+        elif stopped == "time" or status == "timeout":
             problem = ("timeout", f"the notebook ran past the {timeout_s:g} s limit: an "
                                   "endless loop, or too slow")
         elif results is None:
@@ -602,6 +688,13 @@ def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
             problem = ("error", f"the notebook's run {status}")
         else:
             problem = None
+        said = [str(e) for e in (results or {}).get("errors") or [] if "File too large" in
+                str(e) or "Errno 27" in str(e)]
+        if said or "File too large" in tail:
+            note = (f" A cell wrote a file past the {limits.file_bytes / 1e9:.1f} GB "
+                    f"file-size limit (--file-size): {(said or [tail])[0]}")
+            if problem is not None:
+                problem = (problem[0], problem[1] + note)
         outputs = (results or {}).get("outputs") or {}
         captured = (results or {}).get("captured") or {}
         for title, (ex, key, cases) in plan.items():
@@ -622,16 +715,14 @@ def grade_submission(sub: Submission, sandbox: Sandbox, keys: Any, secret: str,
                     if isinstance(got.get("outputs"), list) else []
                 verdicts[title] = keys.grade(ex, key, decoded, cases)
     rows = []
+    base["peak_gb"] = round(peak / 1e9, 2) if probes else ""
     for ex in lab.exercises:
         v = verdicts[ex.title]
-        rows.append(row(ex, *v) if isinstance(v, tuple) else row(ex, v.status, v.message, v.hint))
+        r = row(ex, *v) if isinstance(v, tuple) else row(ex, v.status, v.message, v.hint)
+        if probes and note and problem is None and r["status"] not in ("passed", "skipped"):
+            r["message"] = _one_line(r["message"] + note)
+        rows.append(r)
     return rows
-
-
-def _one_line(text: Any, limit: int = 400) -> str:
-    """A message on one line (a CSV cell, a Markdown table cell), at most ``limit`` long."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 # -- the room ------------------------------------------------------------------------------
@@ -666,52 +757,57 @@ def _prepare_out(out: str | os.PathLike, force: bool, resume: bool) -> pathlib.P
     return out
 
 
-def read_roster(path: str | os.PathLike) -> list[str]:
-    """Learner ids, one a line (or a CSV's first column); blank lines and ``#`` skipped."""
-    try:
-        lines = pathlib.Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise GradeError(f"--roster {str(path)!r} cannot be read ({err}): give a text file "
-                         "with one learner id a line") from None
-    ids = [ln.split(",")[0].strip().strip('"') for ln in lines]
-    ids = [i for i in ids if i and not i.startswith("#")]
-    if ids and ids[0].lower() in ("learner", "id", "name", "student"):
-        ids = ids[1:]
-    return list(dict.fromkeys(ids))
-
-
-def _safe(value: Any) -> Any:
-    """A CSV field a spreadsheet will not read as a formula (``=``, ``+``, ``-``, ``@``, a
-    tab or a carriage return first get a ``'`` in front)."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
-
-
 def _read_rows(path: pathlib.Path) -> list[dict]:
-    """The rows an earlier (perhaps interrupted) run wrote to grades.csv."""
+    """The complete rows an earlier (perhaps interrupted) run wrote to grades.csv: a file
+    whose rows stop short (a run killed as it wrote them) is left out, to grade again."""
+    from tpu_course import checks
+
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except (OSError, csv.Error):
         return []
+    rows = [{k: room.unsafe(v) if isinstance(v, str) else "" for k, v in r.items() if k}
+            for r in rows if r.get("file") and r.get("status")]
     for r in rows:
         for k in ("points", "max_points"):
             try:
                 r[k] = int(r.get(k) or 0)
             except ValueError:
                 r[k] = 0
-        for k, v in r.items():
-            if isinstance(v, str) and v.startswith("'") and v[1:2] in ("=", "+", "-", "@"):
-                r[k] = v[1:]
-    return [r for r in rows if r.get("file")]
+    count: dict[str, int] = {}
+    for r in rows:
+        count[r["file"]] = count.get(r["file"], 0) + 1
+
+    def whole(r: dict) -> bool:
+        if r.get("lab") in ("", None):
+            return count[r["file"]] == 1
+        try:
+            return count[r["file"]] == len(checks.lab(r["lab"]).exercises)
+        except (ValueError, errors.CourseError):
+            return False
+
+    return [r for r in rows if whole(r)]
+
+
+def _rooms(named: Sequence[str | os.PathLike], paths: Sequence[pathlib.Path]) -> list[str]:
+    """The folders that hold a room rather than one learner: those named, and the folder of
+    named files when it holds more than one of them."""
+    folders = [os.path.abspath(n) for n in named if os.path.isdir(n)]
+    parents: dict[str, int] = {}
+    for n in named:
+        if not os.path.isdir(n):
+            parent = os.path.dirname(os.path.abspath(n))
+            parents[parent] = parents.get(parent, 0) + 1
+    return folders + [p for p, k in parents.items() if k > 1]
 
 
 def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
           timeout_s: float = DEFAULT_TIMEOUT_S, jobs: int = 1, progress: bool = True,
           force: bool = False, resume: bool = False, roster: str | os.PathLike | None = None,
           secret: str | None = None, keys: str | os.PathLike | None = None,
-          sandbox: Sandbox | None = None) -> list[dict]:
+          sandbox: Sandbox | None = None, memory_gb: float | None = None,
+          processes: int = DEFAULT_PROCESSES, file_size_gb: float | None = None) -> list[dict]:
     """Grade every submission, write the CSVs, ``summary.md`` and the feedback; the rows.
 
     Raises:
@@ -719,6 +815,14 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
     """
     timeout_s = errors.check_number("timeout_s", timeout_s, low=0, low_open=True, where="grade")
     jobs = errors.check_int("jobs", jobs, low=1, where="grade")
+    processes = errors.check_int("processes", processes, low=2, where="grade")
+    for name, value in (("memory_gb", memory_gb), ("file_size_gb", file_size_gb)):
+        if value is not None:
+            errors.check_number(name, value, low=0, low_open=True, where="grade")
+    limits = Limits.fair(jobs, timeout_s=timeout_s, processes=processes,
+                         memory_bytes=int((memory_gb or 0) * 1e9),
+                         file_bytes=int(file_size_gb * 1e9) if file_size_gb
+                         else DEFAULT_FILE_BYTES)
     missing = missing_dependencies()
     if missing:
         raise GradeError(f"grading needs {', '.join(missing)}, which this Python "
@@ -726,16 +830,18 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
     grading = load_keys(keys)
     submissions = list(submissions)
     paths = find_submissions(submissions)
-    names = read_roster(roster) if roster else None
+    people = room.Roster.read(roster) if roster else room.Roster()
     out = _prepare_out(out, force, resume)
     secret = read_secret(out, secret)
     hidden = [out, *{p.parent for p in paths}, *submissions]
     sandbox = sandbox or find_sandbox(hidden)
     if progress:
         print(f"tpu-course grade: {sandbox.describe()}", flush=True)
+        print(f"tpu-course grade: limits per notebook: {limits.describe()}", flush=True)
     start = time.perf_counter()
     subs = [read_submission(p) for p in paths]
-    drop_duplicates(subs)
+    room.assign(subs, people, _rooms(submissions, paths))
+    room.drop_duplicates(subs)
     earlier = _read_rows(out / "grades.csv") if resume else []
     done_files = {r["file"] for r in earlier}
     todo: queue.Queue = queue.Queue()
@@ -745,11 +851,11 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
     done: dict[int, list[dict]] = {}
     lock = threading.Lock()
     stop = threading.Event()
+    # Earlier rows rewritten whole (a row cut short by a crash goes), then appended to.
+    room.write_csv(out / "grades.csv", COLUMNS, ([r.get(c, "") for c in COLUMNS]
+                                                 for r in earlier))
     log = open(out / "grades.csv", "a", newline="")
     writer = csv.DictWriter(log, fieldnames=COLUMNS, extrasaction="ignore")
-    if not earlier:
-        writer.writeheader()
-        log.flush()
 
     def serve() -> None:
         while not stop.is_set():
@@ -759,10 +865,10 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
                 return
             began = time.monotonic()
             try:
-                rows = grade_submission(sub, sandbox, grading, secret, timeout_s)
+                rows = grade_submission(sub, sandbox, grading, secret, limits)
             except Exception as err:  # noqa: BLE001 - a grader bug is a row, not a lost room
                 rows = [{"file": str(sub.path), "learner": sub.learner, "lab": sub.lab or "",
-                         "exercise": "", "status": "error",
+                         "id_from": sub.id_from, "exercise": "", "status": "error",
                          "message": _one_line(f"the grader failed on this file: "
                                               f"{type(err).__name__}: {err}")}]
             when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -775,9 +881,10 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
                 log.flush()
             if progress:
                 passed = sum(r["status"] == "passed" for r in rows)
+                peak = rows[0].get("peak_gb") or 0
                 print(f"  {_one_line(sub.path)}: {passed} of {len(rows)} passed ("
-                      f"{', '.join(sorted({r['status'] for r in rows}))}; {seconds:.0f} s)",
-                      flush=True)
+                      f"{', '.join(sorted({r['status'] for r in rows}))}; {seconds:.0f} s, "
+                      f"{peak:.2f} GB)", flush=True)
 
     threads = [threading.Thread(target=serve, daemon=True)
                for _ in range(min(jobs, todo.qsize() or 1))]
@@ -796,7 +903,7 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
     with lock:
         log.close()
         rows = [*earlier, *(r for i in sorted(done) for r in done[i])]
-        write_results(out, rows, subs, sandbox, timeout_s, time.perf_counter() - start, names,
+        write_results(out, rows, subs, sandbox, limits, time.perf_counter() - start, people,
                       partial=partial or not todo.empty())
     if partial:
         raise KeyboardInterrupt
@@ -807,185 +914,35 @@ def grade(submissions: Iterable[str | os.PathLike], out: str | os.PathLike, *,
 
 
 def write_results(out: pathlib.Path, rows: Sequence[dict], subs: Sequence[Submission],
-                  sandbox: Sandbox, timeout_s: float, seconds: float,
-                  roster: Sequence[str] | None = None, partial: bool = False) -> None:
-    """``grades.csv``, ``gradebook.csv``, ``summary.md`` and ``feedback/`` in ``out``."""
-    tmp = out / "grades.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({c: _safe(r.get(c, "")) for c in COLUMNS} for r in rows)
-    os.replace(tmp, out / "grades.csv")
-    write_gradebook(out / "gradebook.csv", rows, roster)
-    write_feedback(out / "feedback", rows)
-    text = summary(rows, timeout_s, seconds, sandbox=sandbox, superseded=subs, roster=roster)
-    if partial:
-        text = text.replace("# Lab grades\n", "# Lab grades (PARTIAL: grading was interrupted; "
-                                              "run again with --resume)\n", 1)
-    (out / "summary.md").write_text(text)
-
-
-def _exercises(number: int) -> tuple[str, list[Any]]:
-    from tpu_course import checks
-
-    lab = checks.lab(number)
-    return lab.title, lab.exercises
-
-
-def _points(exercise: Any) -> int:
-    return int(exercise.points)
-
-
-def _graded(rows: Sequence[dict]) -> list[int]:
-    return sorted({int(r["lab"]) for r in rows if r.get("lab") not in ("", None)})
-
-
-def write_gradebook(path: pathlib.Path, rows: Sequence[dict],
-                    roster: Sequence[str] | None = None) -> None:
-    """One row per learner: each exercise's points, each lab's total, the total."""
-    header, keys = ["learner"], []
-    for number in _graded(rows):
-        _, exercises = _exercises(number)
-        for e in exercises:
-            header.append(f"Lab {number}: {e.title} [{_points(e)}]")
-            keys.append((number, e.title))
-        header.append(f"Lab {number} total [{sum(_points(e) for e in exercises)}]")
-        keys.append((number, None))
-    header.append("total")
-    learners = list(dict.fromkeys([*(roster or []),
-                                   *(r["learner"] for r in rows if r.get("lab") != "")]))
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([_safe(h) for h in header])
-        for learner in learners:
-            mine = {(int(r["lab"]), r["exercise"]): r for r in rows
-                    if r["learner"] == learner and r.get("lab") != ""}
-            cells, total = [learner], 0
-            for number, title in keys:
-                if title is None:
-                    got = [r.get("points", 0) or 0 for (n, _), r in mine.items() if n == number]
-                    cells.append(sum(got) if got else "")
-                    total += sum(got)
-                else:
-                    cells.append(mine[(number, title)].get("points", 0)
-                                 if (number, title) in mine else "")
-            writer.writerow([_safe(c) for c in [*cells, total]])
-
-
-_MARK = {"passed": "passed", "failed": "not yet", "not written": "not written",
-         "skipped": "skipped", "error": "error", "timeout": "timed out"}
-
-
-def _safe_name(text: str) -> str:
-    """A learner id as one folder name, distinct for distinct ids (characters a file name
-    cannot hold are %-encoded, not dropped).
-
-    >>> _safe_name("ben_"), _safe_name("ben"), _safe_name("../x"), _safe_name(".")
-    ('ben_', 'ben', '..%2Fx', '%2E')
-    """
-    import urllib.parse
-
-    name = urllib.parse.quote(text, safe=" _-()")
-    if name in ("", ".", ".."):
-        return name.replace(".", "%2E") or "%00"
-    return name
-
-
-def write_feedback(folder: pathlib.Path, rows: Sequence[dict]) -> None:
-    """``folder/LEARNER/lab-N.md`` and ``.html``: each exercise's status, message, hint."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in rows:
-        if r.get("lab") != "":
-            groups.setdefault((r["learner"], int(r["lab"])), []).append(r)
-    for (learner, number), mine in groups.items():
-        title, _ = _exercises(number)
-        got = sum(r.get("points", 0) or 0 for r in mine)
-        most = sum(r.get("max_points", 0) or 0 for r in mine if r["status"] != "skipped")
-        passed = sum(r["status"] == "passed" for r in mine)
-        gradable = sum(r["status"] != "skipped" for r in mine)
-        head = f"Lab {number}: {title}"
-        said = (f"Feedback for {learner}, from {pathlib.Path(mine[0]['file']).name} (graded "
-                f"{mine[0].get('graded_at', '')}): {passed} of {gradable} exercises passed, "
-                f"{got} of {most} points.")
-        md = [f"# {head}", "", said, ""]
-        page = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(head)}"
-                "</title></head><body>", f"<h1>{html.escape(head)}</h1>",
-                f"<p>{html.escape(said)}</p>"]
-        for r in mine:
-            md += [f"## {r['exercise']}: {_MARK[r['status']]}", "", r["message"], ""]
-            page += [f"<h2>{html.escape(r['exercise'])}: {_MARK[r['status']]}</h2>",
-                     f"<p>{html.escape(r['message'])}</p>"]
-            if r.get("hint"):
-                md += [f"Hint: {r['hint']}", ""]
-                page.append(f"<p><em>Hint:</em> {html.escape(r['hint'])}</p>")
-        target = folder / _safe_name(learner)
-        target.mkdir(parents=True, exist_ok=True)
-        (target / f"lab-{number}.md").write_text("\n".join(md))
-        (target / f"lab-{number}.html").write_text("\n".join([*page, "</body></html>", ""]))
-
-
-def _cell(text: Any) -> str:
-    return _one_line(text).replace("|", "/")
-
-
-def summary(rows: Sequence[dict], timeout_s: float, seconds: float, *,
-            sandbox: Sandbox | None = None, superseded: Sequence[Submission] = (),
-            roster: Sequence[str] | None = None) -> str:
-    """The Markdown summary: per lab, each learner's total and each exercise's pass share."""
+                  sandbox: Sandbox, limits: "Limits", seconds: float,
+                  roster: room.Roster | None = None, partial: bool = False) -> None:
+    """``grades.csv`` (whole), the gradebooks, ``summary.md`` and ``feedback/`` in ``out``."""
+    roster = roster or room.Roster()
+    room.write_csv(out / "grades.csv", COLUMNS, ([r.get(c, "") for c in COLUMNS] for r in rows))
+    room.write_gradebook(out / "gradebook.csv", rows, roster)
+    room.write_canvas(out / "canvas.csv", rows, roster)
+    room.write_moodle(out / "moodle.csv", rows, roster)
+    stamps = {(s.learner, s.lab): room.when_handed_in(s) for s in subs
+              if s.lab is not None and s.superseded_by is None and not s.problem}
+    room.write_nbgrader(out / "nbgrader.csv", rows, roster, stamps)
+    room.write_feedback(out / "feedback", rows)
     files = list(dict.fromkeys(r["file"] for r in rows))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = ["# Lab grades", ""]
-    if sandbox is not None:
-        lines += [f"**{sandbox.describe()}.**", ""]
-    lines += [f"{len(files)} submission(s) graded on {now} in {seconds:.0f} s (limit "
-              f"{timeout_s:g} s per notebook). Every row is in `grades.csv`, one row per "
-              "learner in `gradebook.csv`, feedback to hand back in `feedback/`.", ""]
-    for number in _graded(rows):
-        title, exercises = _exercises(number)
-        lab_rows = [r for r in rows if r["lab"] != "" and int(r["lab"]) == number]
-        learners = list(dict.fromkeys(r["learner"] for r in lab_rows))
-        lines += [f"## Lab {number}: {title} ({len(learners)} submission(s))", "",
-                  "| Learner | File | Passed | Points | Not passed |", "|---|---|---|---|---|"]
-        for learner in learners:
-            mine = [r for r in lab_rows if r["learner"] == learner]
-            passed = sum(r["status"] == "passed" for r in mine)
-            gradable = sum(r["status"] != "skipped" for r in mine)
-            got = sum(r.get("points", 0) or 0 for r in mine)
-            most = sum(r.get("max_points", 0) or 0 for r in mine if r["status"] != "skipped")
-            others: dict[str, int] = {}
-            for r in mine:
-                if r["status"] != "passed":
-                    others[r["status"]] = others.get(r["status"], 0) + 1
-            rest = ", ".join(f"{n} {s}" for s, n in others.items()) or "-"
-            lines.append(f"| `{_cell(learner)}` | `{_cell(pathlib.Path(mine[0]['file']).name)}`"
-                         f" | {passed} of {gradable} | {got} of {most} | {rest} |")
-        lines += ["", "| Exercise | Passed | Share of the room |", "|---|---|---|"]
-        for e in exercises:
-            these = [r for r in lab_rows if r["exercise"] == e.title]
-            passed = sum(r["status"] == "passed" for r in these)
-            share = f"{100 * passed / len(these):.0f}%" if these else "-"
-            lines.append(f"| {e.title} | {passed} of {len(these)} | {share} |")
-        if roster:
-            absent = [name for name in roster if name not in learners]
-            lines += ["", f"On the roster, no submission: {', '.join(absent) if absent else 'none'}."]
-            unknown = [name for name in learners if name not in roster]
-            if unknown:
-                lines.append(f"Not on the roster: {', '.join(unknown)}.")
-        lines.append("")
-    old = [s for s in superseded if s.superseded_by is not None]
-    if old:
-        lines += ["## Superseded (not graded: the learner's newest file for the lab counts)", "",
-                  "| Learner | Lab | File | Counted instead |", "|---|---|---|---|"]
-        lines += [f"| `{_cell(s.learner)}` | {s.lab} | `{_cell(s.path)}` | "
-                  f"`{_cell(s.superseded_by)}` |" for s in old]
-        lines.append("")
-    ungraded = [r for r in rows if r["lab"] == ""]
-    if ungraded:
-        lines += ["## Not graded", "", "| File | Status | Why |", "|---|---|---|"]
-        lines += [f"| `{_cell(r['file'])}` | {r['status']} | {_cell(r['message'])} |"
-                  for r in ungraded]
-        lines.append("")
-    return "\n".join(lines)
+    handed = sum(s.id_from == room.FROM_HAND_IN for s in subs if s.lab is not None)
+    named = sum(s.id_from == room.FROM_NAME for s in subs if s.lab is not None)
+    head = [f"**{sandbox.describe()}.**", ""] if sandbox is not None else []
+    if partial:
+        head = ["**PARTIAL: grading was interrupted; run again with --resume to grade the "
+                "rest.**", "", *head]
+    head += [f"{len(files)} submission(s) graded on {now} in {seconds:.0f} s; limits per "
+             f"notebook: {limits.describe()}. Ids: {handed} from hand-in cells, {named} from "
+             "file names. Every row is in `grades.csv`; one row per learner in "
+             "`gradebook.csv`; `canvas.csv`, `moodle.csv` and `nbgrader.csv` to import; "
+             "feedback to hand back in `feedback/`.", ""]
+    text = room.summary(rows, head=head, subs=subs, roster=roster)
+    tmp = out / "summary.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, out / "summary.md")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1003,13 +960,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("submissions", nargs="*", metavar="SUBMISSION",
                         help=".ipynb files or folders of them (learner/lab-N.ipynb, alice.ipynb)")
     parser.add_argument("--out", metavar="DIR", help="where grades.csv, gradebook.csv, "
-                        "summary.md and feedback/ go")
+                        "canvas.csv, moodle.csv, nbgrader.csv, summary.md and feedback/ go")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                        help="time limit per notebook (default %(default)g)")
+                        help="wall time per notebook, its whole run (default %(default)g)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="notebooks graded at once (default 1)")
+    parser.add_argument("--memory", type=float, metavar="GB", help="memory per notebook, "
+                        "summed over its processes (default: this machine's memory / --jobs)")
+    parser.add_argument("--processes", type=int, default=DEFAULT_PROCESSES, metavar="N",
+                        help="processes per notebook at once (default %(default)s)")
+    parser.add_argument("--file-size", type=float, metavar="GB", help="largest file a "
+                        f"notebook may write (default {DEFAULT_FILE_BYTES / 1e9:.2f})")
     parser.add_argument("--roster", metavar="FILE",
-                        help="learner ids, one a line: summary.md names who handed nothing in")
+                        help="CSV of id, name, section, email (header optional; or one id a "
+                             "line): names and sections in the summary and the gradebooks, "
+                             "and who handed nothing in")
     parser.add_argument("--force", action="store_true",
                         help="replace the grades an earlier run left in --out")
     parser.add_argument("--resume", action="store_true",
@@ -1026,15 +991,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = grade(args.submissions, args.out, timeout_s=args.timeout, jobs=args.jobs,
                      force=args.force, resume=args.resume, roster=args.roster,
-                     secret=args.secret, keys=args.keys)
+                     secret=args.secret, keys=args.keys, memory_gb=args.memory,
+                     processes=args.processes, file_size_gb=args.file_size)
     except KeyboardInterrupt:
         return 130
     except (GradeError, errors.CourseError, ValueError, TypeError, OSError) as err:
         print(f"tpu-course grade: {err}", file=sys.stderr)
         return 2
     files = len({r["file"] for r in rows})
-    print(f"graded {files} submission(s): {args.out}/grades.csv, gradebook.csv, summary.md, "
-          "feedback/")
+    print(f"graded {files} submission(s): {args.out}/grades.csv, gradebook.csv, canvas.csv, "
+          "moodle.csv, nbgrader.csv, summary.md, feedback/")
     return 0
 
 
