@@ -666,8 +666,8 @@ def _matches(exercise: Exercise, mistake: Mistake, output: Any, got: Any, want: 
              case: Case) -> bool:
     """Whether the learner's output ``got`` is what ``mistake`` gives (``output``)."""
     try:
-        if mistake.when is not None:
-            return bool(mistake.when(got, want, case))
+        if mistake.when is not None:  # a rule reads outputs, not errors
+            return not isinstance(got, Raised) and bool(mistake.when(got, want, case))
         if output is NO_OUTPUT:
             return False
         if isinstance(output, Raised) or isinstance(got, Raised):
