@@ -114,8 +114,6 @@ EX3 = Key(
         Mistake(f"your rate decays smoothly (step / {HALVING}); it halves every {HALVING} "
                 f"steps: integer division, step // {HALVING}, works on a traced step too",
                 jax.jit(lambda w, g, lr, step: w - lr * 0.5 ** (step / HALVING) * g)),
-        Mistake("your update ignores the lr argument: use the lr the caller passes",
-                jax.jit(lambda w, g, lr, step: _decay(w, g, 0.1, step))),
         Mistake(ch03.NOT_JITTED_HINT, _decay),
     ])
 

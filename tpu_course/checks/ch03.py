@@ -1,17 +1,9 @@
-"""Lab 3 (JAX for PyTorch people): each exercise declared once.
-
-What each exercise gets from the learner, the inputs it is tried on, how the learner's
-code is run (the probe: under ``jax.jit`` where the task says so, counting compiled
-versions with JAX's own cache) and how its output is compared. Exercise 2's count comes
-from JAX itself (:func:`run_compile_quiz`); the others' expected outputs are stored for
-the visible cases. References, hidden cases and known mistakes live in the repository's
-``grading/ch03.py`` (see :mod:`tpu_course.checks.engine`).
-
-The lab's fixture is here too: the PyTorch model Exercise 5's port is compared with
-(:data:`LAB_CONFIG`, :func:`torch_lab_model`), one run of it (:func:`make_reference`,
-stored by ``scripts/make_parity_reference.py`` as ``tpu_course/reference/parity_cnn.npz``)
-and :func:`reference`, live or stored, which chapter 3 shows. JAX is imported inside the
-probes, so importing this module starts no backend.
+"""Lab 3 (JAX for PyTorch people): each exercise declared once (see
+:mod:`tpu_course.checks.engine`; references, hidden cases and mistakes live in the
+repository's ``grading/ch03.py``). Also the lab's fixture: the PyTorch model of Exercise 5
+(:data:`LAB_CONFIG`, :func:`torch_lab_model`), one run of it (:func:`make_reference`, stored
+by ``scripts/make_parity_reference.py``) and :func:`reference`, live or stored, which
+chapter 3 shows. JAX is imported inside the probes: importing this starts no backend.
 """
 
 from __future__ import annotations
