@@ -50,14 +50,31 @@ def test_full_run_writes_the_record(tmp_path):
                    for line in proc.stdout.splitlines()), proc.stdout
 
 
-def test_missing_data_fails_chapter_5_with_the_fix(tmp_path):
-    proc = _preflight("--chapters", "5,1", TPU_COURSE_DATA=str(tmp_path))  # an empty folder
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    row = next(line for line in proc.stdout.splitlines() if line.split()[:2] == ["5", "failed"])
-    assert str(tmp_path) in row and "no folder" in row
-    assert "fix: set TPU_COURSE_DATA to a folder holding the MNIST IDX files" in proc.stdout
-    assert "FAILED: chapter(s) 5" in proc.stdout
+def test_chapter_5_trains_on_fashion_mnist_offline(tmp_path):
+    from tpu_course import data
+
+    try:
+        data.load_fashion_mnist(download=False)
+    except data.DataError as err:
+        pytest.skip(f"no Fashion-MNIST on disk: {err}")
+    proc = _preflight("--chapters", "5", TPU_COURSE_CACHE=str(tmp_path))  # an empty cache
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.split()[:2] == ["5", "ok"])
+    assert "fashion_mnist" in row and "test accuracy" in row
+
+
+def test_missing_data_fails_chapter_5_with_what_it_needs(tmp_path, monkeypatch):
+    from tpu_course import data
+
+    monkeypatch.setenv("TPU_COURSE_DATA", str(tmp_path))  # an empty folder: no download
+    monkeypatch.setenv("TPU_COURSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(data.SYSTEM_DIRS, "fashion_mnist", (str(tmp_path / "none"),))
+    with pytest.raises(preflight.Failure) as failed:
+        preflight._ch5()
+    said, fix = str(failed.value), failed.value.fix
+    assert "Fashion-MNIST" in said and str(tmp_path) in said and "no folder" in said
+    assert "set TPU_COURSE_DATA to that folder" in fix and "t10k-labels-idx1-ubyte.gz" in fix
+    assert "dataset-fashion-mnist" in fix
 
 
 def test_chapter_6_runs_apart_when_this_process_cannot_simulate(subprocess_runner):

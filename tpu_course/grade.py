@@ -504,20 +504,27 @@ class Limits:
                 f"{self.file_bytes / 1e9:.1f} GB per file")
 
 
-def _preexec(file_bytes: int) -> Any:
-    """Run in the worker's process before it starts: the file-size limit, and first in
-    line for the kernel's out-of-memory killer."""
-    def setup() -> None:
-        import resource
+#: Starts the worker (and bwrap, when there is one) with the file-size limit set, first in
+#: line for the kernel's out-of-memory killer: a new process, so that the grader's threads
+#: never run Python code in a forked child.
+_LIMITED = """
+import os, resource, sys
+size = int(sys.argv[1])
+if size:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+except OSError:
+    pass
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
-        if file_bytes:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")
-        except OSError:
-            pass
-    return setup
+
+def _limited(argv: list[str], limits: Limits) -> list[str]:
+    """``argv`` started under the file-size limit (an ``RLIMIT_FSIZE``, which every
+    process it starts inherits)."""
+    return [sys.executable, "-c", _LIMITED, str(int(limits.file_bytes)), *argv]
 
 
 class _Watch:
@@ -560,11 +567,10 @@ def _spawn_worker(sandbox: Sandbox, work: pathlib.Path, private: pathlib.Path,
     deadline = time.monotonic() + limits.timeout_s + SLACK_S
     with open(private / "worker.stderr", "w+b") as err:
         try:
-            proc = subprocess.Popen(sandbox.command(argv, work), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=err,
-                                    env=sandbox.env(token, private), cwd=work,
-                                    start_new_session=True,
-                                    preexec_fn=_preexec(limits.file_bytes))
+            proc = subprocess.Popen(_limited(sandbox.command(argv, work), limits),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=err, env=sandbox.env(token, private), cwd=work,
+                                    start_new_session=True)
         except OSError as e:
             return f"could not start: {e}", "", 0
         try:

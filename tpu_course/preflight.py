@@ -10,7 +10,8 @@ ch2   device placement and a timed matmul through the harness (``bench.benchmark
 ch3   ``jit``, ``grad`` and ``vmap`` against references, and a parity check (``parity``)
 ch4   ``hlo.inspect`` on this backend and, when the TPU compiler is installed, on a
       compile-only ``v5e:1x1`` target
-ch5   a few training steps and an evaluation on the course's data (``train.fit``)
+ch5   a few training steps and an evaluation on Fashion-MNIST, the data lab 5 and its
+      grading use (``train.fit``)
 ch6   a mesh of 8 simulated devices, one sharded step checked against one device, and its
       collectives; with ``--multihost`` also the two-process run (``multihost.launch_local``)
 ch7   a tiny Pallas kernel run in TPU interpret mode against ``jnp``, and compiled for a
@@ -285,20 +286,23 @@ def _ch5() -> str:
     from tpu_course import data, train
 
     try:
-        ds = data.load_mnist()
+        ds = data.load_fashion_mnist()
     except data.DataError as err:
         # The whole message, on one line: the download error's first line ends in "from
         # any mirror:", and what to set is on its last.
         said = " ".join(str(err).split())
-        raise Failure(f"the course's data cannot be loaded: {said[:600]}",
-                      "set TPU_COURSE_DATA to a folder holding the MNIST IDX files "
-                      "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-                      "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz; without internet, "
-                      "copy them from a machine that has it), or unset it on a runtime with "
-                      "internet access to download them") from None
+        names = ", ".join(spec.name for spec in data.FASHION_FILES.values())
+        raise Failure(f"Fashion-MNIST, which lab 5 and its grading train on, cannot be "
+                      f"loaded: {said[:600]}",
+                      f"it needs the four Fashion-MNIST IDX files ({names}) in one folder: "
+                      "set TPU_COURSE_DATA to that folder (without internet, copy them from "
+                      "a machine that has it), or install Debian's dataset-fashion-mnist "
+                      f"({', '.join(data.SYSTEM_DIRS['fashion_mnist'])}), or unset "
+                      "TPU_COURSE_DATA on a runtime with internet access to download them "
+                      "into the cache") from None
     n_train, n_test = 512, 500
     subset = types.SimpleNamespace(
-        name="mnist", train_set=f"first {n_train} images",
+        name="fashion_mnist", train_set=f"first {n_train} images",
         train_images=ds.train_images[:n_train], train_labels=ds.train_labels[:n_train],
         test_images=ds.test_images[:n_test], test_labels=ds.test_labels[:n_test])
     config = train.TrainConfig.quick(model="mlp", epochs=1, batch_size=64, eval_batch_size=n_test,
@@ -310,9 +314,9 @@ def _ch5() -> str:
         raise Failure(f"after {n_train // 64} steps the test accuracy is {acc:.2f} (expected "
                       "well above chance, 0.1)", "run `tpu-course doctor`; check the data files")
     loss = getattr(rec, "train_loss", None)
-    return (f"{n_train // 64} MLP steps, test accuracy {acc:.2f} on {n_test} images"
-            + (f", train loss {loss:.2f}" if isinstance(loss, float) else "")
-            + f" ({ds.train_set})")
+    return (f"{n_train // 64} MLP steps on fashion_mnist, test accuracy {acc:.2f} on {n_test}"
+            " images" + (f", train loss {loss:.2f}" if isinstance(loss, float) else "")
+            + f" (read from {ds.source})")
 
 
 def _mesh_check() -> str:
