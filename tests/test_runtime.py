@@ -6,7 +6,9 @@ import subprocess
 import sys
 import textwrap
 
-from tpu_course import runtime
+import pytest
+
+from tpu_course import errors, runtime
 
 
 def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -164,7 +166,7 @@ def test_simulate_devices_and_describe_refuse_a_bad_flag_before_xla_kills_the_pr
     out = _run(f"""
         import os
         from tpu_course import runtime
-        for flags in ("{FLAG}=abc", "{FLAG}=-4", "--not_a_flag=1"):
+        for flags in ("{FLAG}=abc", "{FLAG}=-4", "--not_a_flag=1", "{FLAG}=100000"):
             os.environ["XLA_FLAGS"] = flags
             try:
                 runtime.simulate_devices(8)
@@ -172,20 +174,44 @@ def test_simulate_devices_and_describe_refuse_a_bad_flag_before_xla_kills_the_pr
             except runtime.XlaFlagsError as err:
                 print("REFUSED", " ".join(str(err).split()))
             assert os.environ["XLA_FLAGS"] == flags  # left as it was
-        os.environ["XLA_FLAGS"] = "{FLAG}=abc"
-        try:
-            runtime.describe()
-        except runtime.XlaFlagsError as err:
-            print("DESCRIBE REFUSED", " ".join(str(err).split()))
+        for flags in ("{FLAG}=abc", "{FLAG}=100000"):  # 100000: memory without end
+            os.environ["XLA_FLAGS"] = flags
+            try:
+                runtime.describe()
+            except runtime.XlaFlagsError as err:
+                print("DESCRIBE REFUSED", " ".join(str(err).split()))
     """)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 4 and all("REFUSED" in line for line in lines), out.stdout
+    assert len(lines) == 6 and all("REFUSED" in line for line in lines), out.stdout
     assert f"XLA_FLAGS holds {FLAG}=abc: the CPU device count" in lines[0]
     assert f"XLA_FLAGS holds {FLAG}=-4" in lines[1]
     assert "Unknown flag in XLA_FLAGS: --not_a_flag=1" in lines[2]
     assert "Flags:" not in lines[2]  # XLA's reason, not its 90 lines of flag help
-    assert f"XLA_FLAGS holds {FLAG}=abc" in lines[3]
+    assert f"XLA_FLAGS holds {FLAG}=100000: 100,000 simulated CPU devices" in lines[3]
+    assert f"XLA_FLAGS holds {FLAG}=abc" in lines[4]
+    assert "more than the course's limit of 1,024" in lines[5]
+
+
+def test_an_absurd_device_count_is_refused_with_the_limit_and_what_it_would_need():
+    """XLA would grow its memory for hours on 100,000 devices: refused before it starts."""
+    with pytest.raises(runtime.XlaFlagsError) as info:
+        runtime.check_device_count_flag(f"{FLAG}=100000")
+    problem = info.value.problem
+    assert problem.startswith(f"XLA_FLAGS holds {FLAG}=100000: 100,000 simulated CPU devices is "
+                              "more than the course's limit of 1,024: XLA would need about 30.2 "
+                              "GB of host memory and 6.3 hours just to start them")
+    assert "one buffer per device" in problem and info.value.fix.startswith("Ask for at most 1,024")
+    assert runtime.check_device_count_flag(f"{FLAG}={runtime.MAX_SIMULATED_DEVICES}") == 1024
+    assert runtime.check_device_count_flag(f"{FLAG}=100000 {FLAG}=8") == 8  # XLA keeps the last
+    with pytest.raises(runtime.XlaFlagsError, match=r"simulate_devices\(n=2,000\): 2,000 "
+                       r"simulated CPU devices is more than the course's limit of 1,024"):
+        runtime.simulate_devices(2000)  # refused before anything else: the environment stays
+    with pytest.raises(errors.CourseValueError, match=r"devices=2000: expected an integer >= 1 "
+                       r"and <= 1024"):
+        runtime.cpu_subprocess_env(2000)
+    with pytest.raises(errors.CourseTypeError, match=r"keep_xla_flags='no': expected True or False"):
+        runtime.cpu_subprocess_env(8, keep_xla_flags="no")
 
 
 # What XLA prints when it refuses a flag value (jaxlib 0.12, trimmed): the reason, then a

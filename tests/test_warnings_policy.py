@@ -40,10 +40,10 @@ PLANT = textwrap.dedent("""
 """)
 
 
-def _run(code: str, strict: bool) -> str:
+def _run(code: str, strict: bool | str) -> str:
     env = {k: v for k, v in os.environ.items() if k != warnings_policy.ENV_VAR}
     if strict:
-        env[warnings_policy.ENV_VAR] = "1"
+        env[warnings_policy.ENV_VAR] = "1" if strict is True else strict
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -52,6 +52,25 @@ def _run(code: str, strict: bool) -> str:
 
 def test_a_deprecation_attributed_to_the_caller_fails_where_the_policy_is_on():
     assert _run(PLANT, strict=True) == "FAILED: jax_like.old_api is deprecated; use new_api"
+
+
+def test_yes_turns_the_policy_on_as_1_does():
+    assert _run(PLANT, strict="yes") == "FAILED: jax_like.old_api is deprecated; use new_api"
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("TRUE", True), (" on ", True),
+                                       ("0", False), ("", False), ("off", False), ("No", False)])
+def test_the_variable_reads_the_usual_words_for_on_and_off(value, on):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these is worth a warning
+        assert warnings_policy.requested(value) is on
+
+
+def test_a_value_that_is_neither_is_named_in_a_warning_and_leaves_the_policy_off():
+    with pytest.warns(warnings_policy.PolicyVariableWarning,
+                      match=r"TPU_COURSE_STRICT_WARNINGS='2' is not understood, so the warnings "
+                            r"policy stays off: set it to 1 / true / yes / on"):
+        assert warnings_policy.requested("2") is False
 
 
 def test_without_the_variable_importing_tpu_course_changes_no_filter():

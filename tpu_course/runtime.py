@@ -136,6 +136,36 @@ _FIX_FLAGS = ("in a shell, fix it or `unset XLA_FLAGS` before starting Python or
               "in a notebook, `os.environ.pop('XLA_FLAGS')` before anything starts JAX")
 
 
+#: The most simulated CPU devices the course lets XLA create. Measured on a 2-core VM
+#: with jax 0.12 (``python -c "import jax; jax.devices()"`` under the flag): 8 devices
+#: start in 1.9 s with 0.18 GB resident, 1,024 in 2.5 s with 0.48 GB, 2,048 in 9 s with
+#: 0.77 GB, 4,096 in 38 s with 1.4 GB: about 0.3 MB per device, and a start-up time
+#: that grows with the square of the count. 1,024 is four times a v5e pod (256 chips);
+#: the chapters use 8.
+MAX_SIMULATED_DEVICES = 1024
+_BASE_BYTES = 0.18e9  # resident before any device (jax imported), measured as above
+_BYTES_PER_DEVICE = 0.3e6  # (1.4 GB - 0.18 GB) / 4,096 devices
+_START_S_AT_4096 = 38.0  # start-up at 4,096 devices; it grows with the square of the count
+
+
+def too_many_devices(n: int) -> str:
+    """Why ``n`` simulated CPU devices is refused: what such a mesh would need here.
+
+    >>> print(too_many_devices(100_000)[:71])
+    100,000 simulated CPU devices is more than the course's limit of 1,024:
+    """
+    memory_gb = (_BASE_BYTES + _BYTES_PER_DEVICE * n) / 1e9
+    start_s = _START_S_AT_4096 * (n / 4096) ** 2
+    start = f"{start_s / 3600:,.1f} hours" if start_s >= 3600 else f"{start_s:,.0f} s"
+    return (f"{n:,} simulated CPU devices is more than the course's limit of "
+            f"{MAX_SIMULATED_DEVICES:,}: XLA would need about {memory_gb:,.1f} GB of host "
+            f"memory and {start} just to start them (each simulated device costs ~0.3 MB, "
+            "and start-up grows with the square of the count: 4,096 took 38 s and 1.4 GB "
+            "here), before the first array; then every array sharded or replicated over "
+            "the mesh keeps one buffer per device, and every collective runs one step per "
+            "device on this machine's few CPU cores.")
+
+
 def _device_count_flags(value: str) -> list[str]:
     """The words of ``value`` that set (or try to set) the CPU device count."""
     return [f for f in value.split() if f == _FLAG or f.startswith(_FLAG + "=")]
@@ -146,8 +176,10 @@ def check_device_count_flag(value: str | None = None) -> int | None:
     starting XLA: ``None`` when it asks for none, else a positive integer.
 
     XLA itself kills the process on ``--xla_force_host_platform_device_count=abc`` (with
-    90 lines of flag help) and fails with ``vector::reserve`` on ``=-4``; this raises
-    :class:`XlaFlagsError` naming the flag instead.
+    90 lines of flag help), fails with ``vector::reserve`` on ``=-4`` and grows its memory
+    for hours on ``=100000``; this raises :class:`XlaFlagsError` naming the flag instead
+    (above :data:`MAX_SIMULATED_DEVICES`, with what such a mesh would need:
+    :func:`too_many_devices`).
 
     >>> check_device_count_flag("--xla_force_host_platform_device_count=8")
     8
@@ -158,18 +190,28 @@ def check_device_count_flag(value: str | None = None) -> int | None:
     XLA_FLAGS holds --xla_force_host_platform_device_count=-4: the CPU device count
     """
     value = os.environ.get("XLA_FLAGS", "") if value is None else value
+    if not isinstance(value, str):
+        raise errors.CourseTypeError(
+            f"value={value!r}: expected the text of XLA_FLAGS (a string), got "
+            f"{type(value).__name__}; pass nothing to read the environment's XLA_FLAGS.")
     count = None
     for flag in _device_count_flags(value):
         text = flag.partition("=")[2]
         if re.fullmatch(r"\+?\d+", text) and int(text) >= 1:
-            count = int(text)  # XLA keeps the last one
+            count, last = int(text), flag  # XLA keeps the last one
             continue
         raise XlaFlagsError(
             f"XLA_FLAGS holds {flag}: the CPU device count must be a whole number of at "
             f"least 1, e.g. {_FLAG}=8 (XLA would stop the process).",
             "Fix it (or call tpu_course.runtime.simulate_devices(8), which sets it): "
             f"{_FIX_FLAGS}.")
+    if count is not None and count > MAX_SIMULATED_DEVICES:
+        raise XlaFlagsError(
+            f"XLA_FLAGS holds {last}: {too_many_devices(count)}",
+            f"Ask for at most {MAX_SIMULATED_DEVICES:,} (the multi-chip chapters use "
+            f"{_FLAG}=8; tpu_course.runtime.simulate_devices(8) sets it): {_FIX_FLAGS}.")
     return count
+
 
 
 def check_xla_flags() -> None:
@@ -262,6 +304,10 @@ def cpu_subprocess_env(devices: int, keep_xla_flags: bool = True) -> dict[str, s
 
     ``keep_xla_flags=False`` drops the other ``XLA_FLAGS`` of this process.
     """
+    devices = errors.check_int("devices", devices, low=1, high=MAX_SIMULATED_DEVICES)
+    if not isinstance(keep_xla_flags, bool):
+        raise errors.CourseTypeError(f"keep_xla_flags={keep_xla_flags!r}: expected True or "
+                                     f"False, got {type(keep_xla_flags).__name__}.")
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
     env["XLA_FLAGS"] = _with_device_count(env.get("XLA_FLAGS", "") if keep_xla_flags else "",
@@ -284,6 +330,8 @@ def simulate_devices(n: int) -> None:
 
     Raises:
         ValueError: ``n`` is not a positive integer.
+        XlaFlagsError: ``n`` is above :data:`MAX_SIMULATED_DEVICES` (XLA would spend
+            gigabytes and hours starting them: :func:`too_many_devices` says how many).
         XlaFlagsError: ``XLA_FLAGS`` already holds something XLA would refuse (a device
             count that is not a positive integer, a flag this jaxlib does not know):
             XLA would stop the process when JAX starts, so it is refused here, by name.
@@ -294,6 +342,10 @@ def simulate_devices(n: int) -> None:
         raise errors.CourseValueError(
             f"simulate_devices(n) needs a positive integer, got {n!r}: e.g. "
             "simulate_devices(8) for the 8 devices of the multi-chip chapters")
+    if n > MAX_SIMULATED_DEVICES:  # the flag it would set: refused as XLA_FLAGS's would be
+        raise XlaFlagsError(f"simulate_devices(n={n:,}): {too_many_devices(n)}",
+                            f"Ask for at most {MAX_SIMULATED_DEVICES:,}; the multi-chip "
+                            "chapters use simulate_devices(8).")
     if _backends_started():
         import jax
 

@@ -17,8 +17,9 @@ Where the policy applies (one list, two routes):
 * the notebooks under nbval, whose kernels are separate processes: the same
   ``conftest.py`` sets ``TPU_COURSE_STRICT_WARNINGS=1`` in the environment (the
   Makefile exports it too), kernels inherit it, and ``import tpu_course`` (every
-  notebook's banner cell) then calls :func:`install`. Without the variable, importing
-  the package changes no warning filter.
+  notebook's banner cell) then calls :func:`install`. ``true``, ``yes`` and ``on`` work
+  as ``1`` does; a value that is neither on nor off is named in a warning. Without the
+  variable, importing the package changes no warning filter.
 
 To allow a new upstream warning (say on Colab's jax 0.7.2 / flax 0.11.2), add an
 :class:`Allowed` entry below with the version it appears in and why it is not ours to fix.
@@ -84,9 +85,40 @@ def install() -> None:
         warnings.filterwarnings("ignore", message=entry.message, category=entry.category)
 
 
+#: What the variable may say (compared without case or surrounding spaces).
+ON_VALUES = ("1", "true", "yes", "on")
+OFF_VALUES = ("", "0", "false", "no", "off")
+
+
+class PolicyVariableWarning(UserWarning):
+    """``TPU_COURSE_STRICT_WARNINGS`` holds a value that is neither on nor off."""
+
+
+def requested(value: str | None = None) -> bool:
+    """Whether ``value`` (default: the environment's ``TPU_COURSE_STRICT_WARNINGS``) turns
+    the policy on: ``1``, ``true``, ``yes`` or ``on`` (any case). Unset, empty, ``0``,
+    ``false``, ``no`` or ``off`` leave it off; anything else leaves it off with a
+    :class:`PolicyVariableWarning` that names the value and the ones understood.
+
+    >>> requested("yes"), requested("ON "), requested("0"), requested("")
+    (True, True, False, False)
+    """
+    value = os.environ.get(ENV_VAR, "") if value is None else value
+    word = str(value).strip().lower()
+    if word in ON_VALUES:
+        return True
+    if word not in OFF_VALUES:
+        warnings.warn(
+            f"{ENV_VAR}={value!r} is not understood, so the warnings policy stays off: set "
+            f"it to {' / '.join(ON_VALUES)} to turn it on, or to 0 (or unset it) to leave it "
+            "off.", PolicyVariableWarning, stacklevel=2)
+    return False
+
+
 def install_if_requested() -> bool:
-    """:func:`install` when ``TPU_COURSE_STRICT_WARNINGS=1``; says whether it did."""
-    if os.environ.get(ENV_VAR) == "1":
+    """:func:`install` when ``TPU_COURSE_STRICT_WARNINGS`` says so (:func:`requested`);
+    says whether it did."""
+    if requested():
         install()
         return True
     return False
