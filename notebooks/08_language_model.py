@@ -309,7 +309,7 @@ print(f"XLA's cost analysis: {xla_per_token:,.0f} FLOPs per token, "
 # Bytes of the Python standard library (`tpu_course.textdata`): every `*.py` of the
 # running interpreter's library, without the `test/` and `tests/` folders, in sorted
 # order. Its size depends on the interpreter (about 11-12 MB on CPython 3.12 and 3.13;
-# 31.7 MB with the test suites, issue 28's measurement). Files are split by a hash of
+# 31.7 MB with the test suites, as measured for this chapter). Files are split by a hash of
 # their path: about 10 % are held out, the same ones on every machine. No tokenizer:
 # a token is a byte, so the loss in bits per byte is comparable across tokenizers.
 # Where the runtime has internet, `textdata.download()` gives a public text the same way
@@ -448,7 +448,7 @@ print(f"loss {float(whole[2]):.5f} vs {float(accum[2]):.5f}; "
 #   block then ends in one all-reduce of activations over `model`;
 # * **FSDP** on `data`: every weight's $d$ axis is also cut 4 ways, and XLA gathers it
 #   where it is used. The embedding tables are cut by **rows** (bytes, positions): cut
-#   by features, XLA warned of an "involuntary full rematerialization" (issue 28);
+#   by features, XLA warned of an "involuntary full rematerialization";
 # * the batch is cut on `data`; the norms' scales are small and replicated.
 #
 # Adam's moments must follow the weights: `jax.jit(tx.init)` alone would leave them
@@ -496,7 +496,7 @@ print(f"[sim] an Adam moment {mu.shape}: split by {tuple(mu.sharding.spec)}")
 #
 # Batch 32 x 128 bytes, peak learning rate 3e-3, matmuls in `compute` (float32 on a
 # CPU). The run is capped by a step count, never by time (on a busy 2-core machine
-# the same minute reached step 73 in one run and 140 in another: issue 28). The
+# the same minute reached step 73 in one run and 140 in another). The
 # held-out bits per byte are measured at steps 50 and 100 on the same 4 fixed held-out
 # batches.
 
@@ -648,7 +648,7 @@ print(f"v5e: FSDP wants >= {comms.dp_min_tokens_per_chip('v5e'):,.0f} tokens per
 # the rest; `dots_saveable` keeps the matmul outputs. XLA's `memory_analysis()` of the
 # compiled step shows the temporary memory each policy needs. The saving grows with
 # the activations (batch x length x width x layers) against everything else (weights,
-# optimizer state): issue 28 measured a 3.3M model at batch 64 x 256 compiled for a
+# optimizer state): we measured a 3.3M model at batch 64 x 256 compiled for a
 # v5e:2x4 going from 53.5 to 19.7 MiB of temporary memory per chip with
 # `nothing_saveable`, for 23 % more FLOPs (a compile of 14-73 s on this machine, too
 # long for this notebook), and the 1M model at batch 32 x 128 saving almost nothing.
@@ -755,7 +755,7 @@ plt.show()
 
 # %% [markdown] slideshow={"slide_type": "skip"}
 # The work since the last save (steps 11-15) is what a preemption costs, so
-# the save interval trades that loss against the time a save blocks (issue 28 measured
+# the save interval trades that loss against the time a save blocks (we measured
 # 0.2-0.25 s per async save: every 50 steps cost 1.5-4 % of this run's time).
 
 # %% [markdown] slideshow={"slide_type": "slide"} workshop={"minutes": 15, "agenda": "self-paced"}
