@@ -313,6 +313,48 @@ def test_a_sigterm_during_a_run_that_ends_anyway_is_deferred_not_swallowed():
         signal.signal(signal.SIGTERM, previous)
 
 
+# ------------------------------------------------------- nothing deleted, nothing passed over
+
+
+def test_a_save_leaves_a_strangers_temporary_looking_folder_alone_and_says_so(tmp_path, states):
+    fresh, _, _ = states
+    theirs = tmp_path / "0.tpu-course-tmp"  # the fixed name older versions deleted
+    theirs.mkdir()
+    (theirs / "mine.txt").write_text("keep me")
+    with pytest.warns(train.checkpoints.CheckpointWarning,
+                      match=r"holds 0\.tpu-course-tmp: left alone .* never deleted"):
+        train.save_checkpoint(tmp_path, fresh, {"a": 1}, step=0)
+    assert (theirs / "mine.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "0.tpu-course-tmp"]  # no temp left
+    assert train.checkpoints.saved_metadata(tmp_path) == {"a": 1}
+
+
+def test_a_newer_step_without_its_manifest_is_named_not_passed_over(tmp_path, states):
+    fresh, one, two = states
+    train.save_checkpoint(tmp_path, one, step=1)
+    train.save_checkpoint(tmp_path, two, step=2)
+    (tmp_path / "2" / "tpu_course.json").unlink()  # a save cut short, or a manifest deleted
+    assert train.latest_step(tmp_path) == 1
+    with pytest.warns(train.checkpoints.CheckpointWarning,
+                      match=r"restoring step 1 of .*; 2/ is newer but has no tpu_course.json"):
+        restored, _ = train.restore_checkpoint(tmp_path, fresh)
+    assert_same(restored, one)
+
+
+def test_what_is_not_a_pytree_of_arrays_is_refused_by_name(tmp_path, states):
+    fresh, _, _ = states
+    with pytest.raises(errors.CourseTypeError, match=r"state: expected a pytree of arrays .* holds "
+                       r"an int \(1\); pass it as an array \(np.asarray\(1\)\)"):
+        train.save_checkpoint(tmp_path, {"w": 1}, step=1)
+    with pytest.raises(errors.CourseValueError, match=r"step=None: state \(a dict\) has no .step"):
+        train.save_checkpoint(tmp_path, {"w": np.zeros(2)})
+    train.save_checkpoint(tmp_path, fresh, step=1)
+    with pytest.raises(errors.CourseValueError, match=r"like=None: expected a pytree of arrays"):
+        train.restore_checkpoint(tmp_path, None)
+    with pytest.raises(errors.CourseValueError, match=r"directory='.*absent' does not exist"):
+        train.restore_checkpoint(tmp_path / "absent", fresh)
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -326,6 +368,35 @@ def test_cli_refuses_bad_flags_in_one_line(capsys):
     assert capsys.readouterr().err.strip().endswith("--resume needs --checkpoint-dir DIR: the "
                                                    "folder the run to continue saved its "
                                                    "checkpoints in")
+
+
+def test_cli_bad_flag_is_one_line_and_resume_says_where_it_starts(capsys, tmp_path, monkeypatch, states):
+    from tpu_course.train import __main__ as cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--epochs", "abc"])
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        "python -m tpu_course.train: error: argument --epochs: invalid int value: 'abc' "
+        "(--help lists the flags)\n")
+
+    class Stop(Exception):
+        pass
+
+    def fake_fit(config, **kwargs):
+        raise Stop  # what was said before training is the point
+
+    monkeypatch.setattr(train, "fit", fake_fit)
+    ck = tmp_path / "ck"
+    with pytest.raises(Stop):
+        cli.main(["--quick", "--checkpoint-dir", str(ck), "--resume"])
+    assert capsys.readouterr().err == (f"python -m tpu_course.train: --resume: nothing saved in "
+                                       f"{ck} yet: starting from scratch (epoch 1)\n")
+    train.save_checkpoint(ck, states[0], step=1)
+    with pytest.raises(Stop):
+        cli.main(["--quick", "--checkpoint-dir", str(ck), "--resume"])
+    epochs = train.TrainConfig.quick().epochs
+    assert capsys.readouterr().err == (f"python -m tpu_course.train: --resume: continuing after "
+                                       f"epoch 1 of {epochs}, saved in {ck}\n")
 
 
 def test_a_checkpoint_dir_that_is_a_file_exits_promptly(tmp_path):

@@ -9,10 +9,12 @@ A checkpoint directory holds one sub-directory per saved step, named by the step
 
 The manifest is what makes a step the course's: a folder without one (a learner's
 ``2023/`` or ``7/``, a stray ``0/junk.txt``) is never read, overwritten or deleted, only
-named in the messages. A step is written as ``DIR/12.tpu-course-tmp`` and renamed to
+named in the messages. A step is written under a temporary name and renamed to
 ``DIR/12`` once its manifest is complete, so an interrupted save never leaves a step
 that looks finished; ``max_to_keep`` deletes only the files an older step's manifest
-lists.
+lists. The temporary name is unique to each save (``DIR/12.<random>.tpu-course-tmp``):
+a folder that is already there under a temporary-looking name (an interrupted save, or
+someone else's) is never deleted, only named in a :class:`CheckpointWarning`.
 
 Restoring compares the saved structure with the state it restores into first (a
 checkpoint of another model or optimizer is refused with the first leaf that differs),
@@ -33,6 +35,8 @@ import json
 import os
 import pathlib
 import shutil
+import secrets
+import warnings
 from typing import Any
 
 import jax
@@ -50,11 +54,30 @@ class CheckpointDamagedError(errors.CourseValueError):
     """A step the course saved no longer reads back as it was written."""
 
 
+class CheckpointWarning(UserWarning):
+    """Something in a checkpoint directory the course left alone, and says so."""
+
+
 def _a(value: Any) -> str:
     """``'a numpy.ndarray'``, ``'a set'``, ``'an int'``: the type of ``value``, for a message."""
     kind = type(value)
     name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.split('.')[0]}.{kind.__name__}"
     return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _check_state(state: Any, name: str) -> None:
+    """A course error unless ``state`` is a pytree of arrays, with at least one."""
+    leaves = jax.tree.leaves(state)
+    if not leaves:
+        raise errors.CourseValueError(
+            f"{name}={state!r}: expected a pytree of arrays (a TrainState, a dict of "
+            "arrays), got one with no arrays in it.")
+    for leaf in leaves:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            hint = f" (np.asarray({leaf!r}))" if isinstance(leaf, (int, float)) else ""
+            raise errors.CourseTypeError(
+                f"{name}: expected a pytree of arrays (a TrainState, a dict of arrays), but it "
+                f"holds {_a(leaf)} ({leaf!r:.60}); pass it as an array{hint}.")
 
 
 def _structure(state: Any) -> list[list]:
@@ -182,11 +205,15 @@ def save_checkpoint(directory: str | os.PathLike, state: Any, metadata: dict | N
     import orbax.checkpoint as ocp
 
     path = check_directory(directory, "directory")
+    if step is None and not hasattr(state, "step"):
+        raise errors.CourseValueError(
+            f"step=None: state ({_a(state)}) has no .step to number the save by; pass step=.")
+    _check_state(state, "state")
     step = int(state.step) if step is None else errors.check_int("step", step, low=0)
     if max_to_keep is not None:
         errors.check_int("max_to_keep", max_to_keep, low=1)
     metadata = _check_metadata(metadata)
-    final, tmp = path / str(step), path / f"{step}{_TMP_SUFFIX}"
+    final = path / str(step)
     if final.exists():
         ours = (final / MANIFEST).is_file()
         raise errors.CourseValueError(
@@ -196,10 +223,14 @@ def save_checkpoint(directory: str | os.PathLike, state: Any, metadata: dict | N
                f" and is not a checkpoint the course wrote (no {MANIFEST}): the course does "
                "not touch it. Save under another step, or into another directory."))
     path.mkdir(parents=True, exist_ok=True)
-    if tmp.exists():  # an interrupted save of ours (the course's own suffix)
-        shutil.rmtree(tmp)
+    left = sorted(p.name for p in path.glob(f"{step}.*") if p.name.endswith(_TMP_SUFFIX))
+    if left:  # an interrupted save, or someone else's folder: never deleted
+        warnings.warn(
+            f"{path} holds {', '.join(left)}: left alone (an interrupted save, or not the "
+            "course's; it is never deleted). Delete it yourself once you know it holds "
+            "nothing you need.", CheckpointWarning, stacklevel=2)
+    tmp = _new_tmp(path, step)
     try:
-        tmp.mkdir()
         checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
         try:
             checkpointer.save(tmp / "state", args=ocp.args.StandardSave(state))
@@ -220,6 +251,17 @@ def save_checkpoint(directory: str | os.PathLike, state: Any, metadata: dict | N
         for old in [s for s in course if s != step][: max(0, len(course) - max_to_keep)]:
             _delete_step(course[old])
     return final
+
+
+def _new_tmp(path: pathlib.Path, step: int) -> pathlib.Path:
+    """A new, empty folder ``path/<step>.<random>.tpu-course-tmp`` that no one else has."""
+    while True:
+        tmp = path / f"{step}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:  # taken (1 in 4 billion): draw another name
+            continue
 
 
 def _delete_step(folder: pathlib.Path) -> None:
@@ -283,6 +325,41 @@ def _check_files(path: pathlib.Path, step: int, files: dict) -> list[str]:
     return problems
 
 
+def _warn_newer_foreign(path: pathlib.Path, step: int, foreign: dict[int, pathlib.Path]) -> None:
+    """A :class:`CheckpointWarning` when folders named like later steps were passed over
+    (no manifest: an interrupted save, a deleted manifest, or not the course's)."""
+    newer = [s for s in foreign if s > step]
+    if newer:
+        names = ", ".join(f"{s}/" for s in newer[:5]) + (" ..." if len(newer) > 5 else "")
+        warnings.warn(
+            f"restoring step {step} of {path}, the newest the course saved and can check; "
+            f"{names} {'is' if len(newer) == 1 else 'are'} newer but {'has' if len(newer) == 1 else 'have'} "
+            f"no {MANIFEST} (a save that did not finish, a manifest deleted, or not the "
+            "course's), so it was not read. If it is a run of yours, restore it with the "
+            "program that wrote it; if it is a broken save, delete it.",
+            CheckpointWarning, stacklevel=3)
+
+
+def saved_metadata(directory: str | os.PathLike, step: int | None = None) -> dict:
+    """The metadata saved with step ``step`` (default: the newest) of ``directory``, read
+    from its manifest without loading any array (to compare a run's settings before
+    restoring). A course error when there is no such step."""
+    path = check_directory(directory, "directory")
+    course, foreign = step_folders(path)
+    steps = list(course)
+    if step is None:
+        if not steps:
+            raise errors.CourseValueError(
+                f"no checkpoint in {directory} (the course's steps there: []); save one with "
+                f"save_checkpoint.{_describe_foreign(foreign)}")
+        step = steps[-1]
+    step = errors.check_int("step", step, low=0)
+    if step not in course:
+        raise errors.CourseValueError(f"no checkpoint of step {step} in {directory} (the "
+                                      f"course's steps there: {steps}).{_describe_foreign(foreign)}")
+    return _read_manifest(path, step, steps)["metadata"]
+
+
 def restore_checkpoint(directory: str | os.PathLike, like: Any,
                        step: int | None = None) -> tuple[Any, dict]:
     """Restore step ``step`` (default: the newest) of ``directory`` into the structure of ``like``.
@@ -291,15 +368,22 @@ def restore_checkpoint(directory: str | os.PathLike, like: Any,
     placement (e.g. a fresh ``init_state``; each array lands on ``like``'s sharding); a
     mismatch raises ``CourseValueError`` naming the first differing leaf. A step whose
     files or leaves differ from their checksums raises :class:`CheckpointDamagedError`
-    naming the step, the file and the leaf.
+    naming the step, the file and the leaf. When the newest step is restored and
+    folders named like later steps have no manifest (a save that did not finish, a
+    deleted manifest), a :class:`CheckpointWarning` names them: never passed over in
+    silence.
     """
     import orbax.checkpoint as ocp
 
     path = check_directory(directory, "directory")
     if not path.is_dir():
-        raise errors.CourseValueError(f"no checkpoint directory {directory}; save one with save_checkpoint")
+        raise errors.CourseValueError(f"directory={str(directory)!r} does not exist: no checkpoint "
+                                      "there; save one with save_checkpoint, or pass the folder "
+                                      "your checkpoints are in")
+    _check_state(like, "like")
     course, foreign = step_folders(path)
     steps = list(course)
+    newest_default = step is None
     if step is not None:
         step = errors.check_int("step", step, low=0)
     else:
@@ -309,6 +393,8 @@ def restore_checkpoint(directory: str | os.PathLike, like: Any,
             f"no checkpoint{'' if step is None else f' of step {step}'} in {directory} "
             f"(the course's steps there: {steps}); save one with save_checkpoint, or pass the "
             f"folder your checkpoints are in.{_describe_foreign(foreign)}")
+    if newest_default:
+        _warn_newer_foreign(path, step, foreign)
     manifest = _read_manifest(path, step, steps)
     saved, want = manifest["structure"], _structure(like)
     if saved != want:
@@ -316,8 +402,9 @@ def restore_checkpoint(directory: str | os.PathLike, like: Any,
                      for a, b in zip(saved, want) if a != b),
                     f"{len(saved)} leaves there, {len(want)} expected")
         raise errors.CourseValueError(
-            f"checkpoint {directory} (step {step}) does not match this model/optimizer: {diff}. "
-            "Restore into the state of the same model and optimizer.")
+            f"checkpoint {directory} (step {step}) does not match like, the state to restore "
+            f"into (this model/optimizer): {diff}. Restore into the state of the same model "
+            "and optimizer.")
     problems = _check_files(path, step, manifest["files"])
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like)
