@@ -36,10 +36,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, NamedTuple
+import re
+import sys
+import warnings
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -70,6 +74,11 @@ class LMConfig:
     def __post_init__(self) -> None:
         for name in ("vocab", "d_model", "heads", "layers", "d_ff", "context"):
             errors.check_int(name, getattr(self, name), low=1, where="LMConfig")
+        if self.vocab < VOCAB:
+            raise errors.CourseValueError(
+                f"LMConfig.vocab={self.vocab}: the model reads bytes, {VOCAB} token values "
+                f"(0..{VOCAB - 1}); a table of {self.vocab} rows would turn every byte >= "
+                f"{self.vocab} into another one. Leave vocab at {VOCAB} (the default).")
         if self.d_model % self.heads:
             raise errors.CourseValueError(
                 f"LMConfig: d_model={self.d_model} does not divide into heads="
@@ -253,20 +262,104 @@ class LM(nnx.Module):
         return logits, KVCache(tuple(keys), tuple(values), length)
 
 
-def check_tokens(tokens: Any, config: LMConfig, start: int | None) -> None:
-    """A course error unless ``tokens`` is an integer (batch, length) array; with
-    ``start`` given, also unless it fits the context."""
+def check_tokens(tokens: Any, config: LMConfig, start: int | None, *,
+                 cache: KVCache | None = None, name: str = "tokens") -> None:
+    """A course error unless ``tokens`` is a non-empty integer (batch, length) array of
+    values ``0..vocab - 1`` (checked where the values are known: outside ``jax.jit``);
+    with ``start`` given, also unless it fits the context.
+
+    With ``start=None`` (``LM.decode``) the tokens go into ``cache`` (by default the
+    caller's local ``cache``: ``LM.decode``'s, whose code chapter 8 shows as it is): a
+    course error unless the cache was made for this model and batch and has room for
+    them. Without these checks JAX clamps what does not fit (a byte 300 reads row 255, a
+    token past a full cache overwrites the last slot) and returns wrong logits silently.
+    ``name`` is what the messages call ``tokens`` (``generate`` says ``prompt``).
+    """
+    if start is not None:
+        errors.check_int("start", start, low=0)
+    if not isinstance(config, LMConfig):
+        raise errors.CourseTypeError(
+            f"config={config!r}: expected an lm.LMConfig (the model's .config), got "
+            f"{type(config).__name__}.")
+    if isinstance(tokens, (str, bytes, bytearray)):
+        text = bytes(tokens, "utf-8") if isinstance(tokens, str) else bytes(tokens)
+        raise errors.CourseTypeError(
+            f"{name}={tokens!r} is text: the model reads byte values as integers. Pass "
+            f"them as an array with a batch axis, e.g. jnp.array([list({text[:16]!r})]).")
     shape = getattr(tokens, "shape", None)
     dtype = getattr(tokens, "dtype", None)
     if shape is None or len(shape) != 2 or not jnp.issubdtype(dtype, jnp.integer):
         raise errors.CourseTypeError(
-            f"expected tokens as an integer array (batch, length), got "
+            f"expected {name} as an integer array (batch, length), got "
             f"{type(tokens).__name__} with shape {shape} and dtype {dtype}; add a batch "
             "axis (tokens[None]) and pass byte values 0..255 as integers")
+    if shape[0] == 0 or shape[1] == 0:
+        raise errors.CourseValueError(
+            f"{name} of shape {tuple(shape)} hold no token: pass at least one byte per "
+            "sequence (batch, length >= 1)")
     if start is not None and shape[1] > config.context:
         raise errors.CourseValueError(
-            f"{shape[1]} tokens are longer than the model's context of {config.context}; "
+            f"{name}: {shape[1]} tokens are longer than the model's context of {config.context}; "
             "cut the sequence, or build the model with a longer LMConfig(context=...)")
+    values = _concrete(tokens)
+    if values is not None:
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= config.vocab:
+            bad = low if low < 0 else high
+            where = tuple(int(i) for i in np.argwhere(values == bad)[0])
+            raise errors.CourseValueError(
+                f"{name} hold {bad} (at {list(where)}): token values must be 0.."
+                f"{config.vocab - 1}, one per byte; JAX would clamp {bad} to "
+                f"{0 if bad < 0 else config.vocab - 1} without a word. Pass bytes, e.g. "
+                "list('text'.encode())")
+    if start is None:
+        caller = sys._getframe(1)
+        if cache is None and caller.f_code.co_name == "decode":
+            # LM.decode(tokens, cache), whose code chapter 8 shows as it is, passes no cache
+            cache = caller.f_locals.get("cache")
+        if cache is not None:
+            _check_cache(cache, config, shape)
+
+
+def _concrete(x: Any) -> np.ndarray | None:
+    """``x``'s values as a numpy array, or None inside ``jax.jit`` (not known yet)."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def _check_cache(cache: Any, config: LMConfig, shape: tuple) -> None:
+    """A course error unless ``cache`` fits the model and has room for ``shape`` tokens."""
+    keys, length = getattr(cache, "keys", None), getattr(cache, "length", None)
+    if not isinstance(keys, tuple) or length is None or not hasattr(cache, "values"):
+        raise errors.CourseTypeError(
+            f"cache: expected an lm.KVCache (lm.init_cache(config, batch)), got "
+            f"{type(cache).__name__}.")
+    want = (config.context, config.heads, config.head_dim)
+    if len(keys) != config.layers or any(tuple(k.shape[1:]) != want for k in keys):
+        got = tuple(keys[0].shape) if keys else ()
+        raise errors.CourseValueError(
+            f"cache: {len(keys)} layers of keys {got}, but this model has {config.layers} "
+            f"layers of (batch, {', '.join(map(str, want))}): make the cache for this "
+            "model, lm.init_cache(model.config, batch)")
+    if keys[0].shape[0] != shape[0]:
+        raise errors.CourseValueError(
+            f"tokens have a batch of {shape[0]} but the cache was made for a batch of "
+            f"{keys[0].shape[0]}: make it with lm.init_cache(config, batch={shape[0]})")
+    room = config.context
+    if shape[1] > room:
+        raise errors.CourseValueError(
+            f"{shape[1]} tokens do not fit a cache of {room} positions (the context); "
+            "decode at most that many, or build the model with a longer "
+            "LMConfig(context=...)")
+    held = _concrete(length)
+    if held is not None and int(held) + shape[1] > room:
+        raise errors.CourseValueError(
+            f"the cache holds {int(held)} of {room} positions: {shape[1]} more token(s) "
+            f"would run past its end (JAX would overwrite the last slot and return wrong "
+            "logits). Start again from a new cache (lm.init_cache), or build the model "
+            "with a longer LMConfig(context=...)")
 
 
 def generate(model: LM, prompt: Any, steps: int, *, temperature: float = 0.0,
@@ -276,18 +369,39 @@ def generate(model: LM, prompt: Any, steps: int, *, temperature: float = 0.0,
     One prefill of the prompt fills the KV cache, then each step decodes one token
     from the cache (``lax.scan``: one compiled program). ``temperature`` 0 takes the
     most likely byte (greedy); above 0 it samples from softmax(logits / temperature).
+    A 1-D prompt is one sequence. Text is refused: pass its bytes, ``list(b"def ")``.
     """
-    prompt = jnp.asarray(prompt)
+    config = getattr(model, "config", None)
+    if not isinstance(config, LMConfig) or not callable(getattr(model, "decode", None)):
+        raise errors.CourseTypeError(
+            f"model={model!r}: expected an lm.LM (lm.LM(config, rngs=nnx.Rngs(0)), or the "
+            f"trained one), got {type(model).__name__}.")
+    if isinstance(prompt, (str, bytes, bytearray)):
+        text = bytes(prompt, "utf-8") if isinstance(prompt, str) else bytes(prompt)
+        raise errors.CourseTypeError(
+            f"prompt={prompt!r} is text: generate reads byte values. Pass "
+            f"list({text[:16]!r}) (or a (batch, length) integer array of them).")
+    try:
+        prompt = jnp.asarray(prompt)
+    except (TypeError, ValueError) as err:
+        raise errors.CourseTypeError(
+            f"prompt={prompt!r}: expected byte values 0..255 as integers, a list or a "
+            f"(batch, length) array ({type(err).__name__}: {str(err)[:80]})") from None
     if prompt.ndim == 1:
         prompt = prompt[None]
+    if prompt.size == 0:
+        raise errors.CourseValueError(
+            f"prompt of shape {tuple(prompt.shape)} is empty: give at least one byte to "
+            "start from, e.g. list(b'def ')")
     steps = errors.check_int("steps", steps, low=1)
     temperature = errors.check_number("temperature", temperature, low=0)
-    context = model.config.context
+    seed = errors.check_int("seed", seed, low=0)
+    check_tokens(prompt, config, 0, name="prompt")
+    context = config.context
     if prompt.shape[1] + steps > context:
         raise errors.CourseValueError(
             f"prompt of {prompt.shape[1]} + steps={steps} exceeds the context of {context}"
             f"; ask for at most {context - prompt.shape[1]} steps or a shorter prompt")
-    check_tokens(prompt, model.config, 0)
     graphdef, state = nnx.split(model)
     return _generate(graphdef, state, prompt, jax.random.key(seed), steps, temperature)
 
@@ -387,15 +501,18 @@ def evaluate(graphdef: Any, params: Any, data: Any, *, batches: int = 4, batch: 
     """Mean loss in bits per byte on ``batches`` fixed windows of ``data`` (held-out bytes).
 
     The windows depend only on (data, seed): every evaluation of a run, and of any
-    other run, scores the same bytes.
+    other run, scores the same bytes. A diverged model's loss (NaN or infinite) comes
+    back as it is, in bits.
     """
     from tpu_course import textdata
 
+    batches = errors.check_int("batches", batches, low=1)
     total = 0.0
-    for i in range(errors.check_int("batches", batches, low=1)):
+    for i in range(batches):
         inputs, targets = textdata.batch_at(data, i, batch, length, seed)
         total += float(_eval_loss(graphdef, params, inputs, targets))
-    return textdata.bits_per_byte(total / batches)
+    mean = total / batches
+    return textdata.bits_per_byte(mean) if math.isfinite(mean) else mean / math.log(2)
 
 
 @functools.partial(jax.jit, static_argnums=0)  # compiled once per model structure
@@ -404,32 +521,139 @@ def _eval_loss(graphdef: Any, params: Any, inputs: jax.Array,
     return make_loss(graphdef)(params, inputs, targets)
 
 
+@functools.lru_cache(maxsize=4)
+def _compiled_step(graphdef: Any, steps: int, peak_lr: float) -> tuple[Any, Any]:
+    """``(tx, jitted train step)`` for a model structure and schedule, made once per process:
+    a run started again in the same process (a resume, a test) does not compile again."""
+    tx = make_optimizer(steps, peak_lr=peak_lr)
+    return tx, jax.jit(make_train_step(graphdef, tx))
+
+
+def _check_config(config: Any) -> LMConfig:
+    if not isinstance(config, LMConfig):
+        raise errors.CourseTypeError(
+            f"config={config!r}: expected an lm.LMConfig (LMConfig.cpu(), LMConfig.tpu() "
+            f"or LMConfig(d_model=..., ...)), got {type(config).__name__}.")
+    return config
+
+
+def _save_steps(start: int, steps: int, every: int) -> list[int]:
+    """The steps ``run`` saves after ``start``: every ``every``-th, and the last."""
+    return sorted({s for s in range(every, steps + 1, every) if s > start} | {steps})
+
+
+def _differences(saved: dict, settings: dict) -> list[str]:
+    """``'name=<saved> there, <now> here'`` for each setting that differs (config fields by
+    their own names)."""
+    flat_saved = {**saved.get("config", {}), **{k: v for k, v in saved.items() if k != "config"}}
+    flat_now = {**settings["config"], **{k: v for k, v in settings.items() if k != "config"}}
+    return [f"{k}={flat_saved[k]!r} there, {v!r} here" for k, v in flat_now.items()
+            if k in flat_saved and k != "steps" and flat_saved[k] != v]
+
+
+def _resume_point(path: Any, settings: dict, steps: int, every: int) -> tuple[int, str]:
+    """``(start, news)``: the step ``run`` continues from in ``path`` (0: nothing saved)
+    and a line saying so. Refuses, before anything is trained, a checkpoint of a run with
+    other settings, and folders without the course's manifest where this run would save."""
+    from tpu_course.train import checkpoints
+
+    start, planned = checkpoints.latest_step(path) or 0, None
+    if start:
+        meta = checkpoints.saved_metadata(path, start)
+        saved = meta.get("settings", {"steps": meta.get("steps")})
+        differ = _differences(saved, settings)
+        if differ:
+            raise errors.CourseValueError(
+                f"the checkpoint in {path} (step {start}) was written by a run with other "
+                f"settings: {'; '.join(differ)}. Resume with the settings that wrote it, or "
+                "start a fresh run in another checkpoint_dir.")
+        planned = saved.get("steps")
+        if start < steps and planned not in (None, steps):
+            raise errors.CourseValueError(
+                f"the checkpoint in {path} (step {start}) belongs to a run of steps="
+                f"{saved['steps']}, and this one asks for steps={steps}: the learning-rate "
+                "schedule (warmup, then a cosine to the last step) is set by steps, so the "
+                f"rest would follow neither run. Resume with steps={saved['steps']}, or start "
+                "a fresh run in another checkpoint_dir.")
+    if start >= steps:
+        finish = (f"To finish that run, resume with steps={planned}; to train longer, "
+                  if planned not in (None, start) else "To train longer, ")
+        return start, (f"{path} holds step {start} already, at or past steps={steps}: "
+                       f"nothing to train (step {start}'s parameters are the result). "
+                       f"{finish}start a fresh run with a larger steps in another "
+                       "checkpoint_dir")
+    _, foreign = checkpoints.step_folders(path)
+    saves = _save_steps(start, steps, every)
+    clash = [s for s in saves if s in foreign]
+    if clash:
+        raise errors.CourseValueError(
+            f"checkpoint_dir={str(path)!r} holds {', '.join(f'{s}/' for s in clash)} without "
+            f"the course's manifest ({checkpoints.MANIFEST}: a save that did not finish, a "
+            "manifest deleted, or a folder that is not the course's), where this run would "
+            "save: the course never overwrites it. Move or delete it, or use another "
+            "checkpoint_dir. Nothing was trained.")
+    listed = ", ".join(map(str, saves)) if len(saves) <= 6 else (
+        f"{saves[0]}, {saves[1]}, ..., {saves[-1]}")
+    when = (f"only the last step, {steps} (checkpoint_every={every} is more than the "
+            f"{steps - start} step(s) to train)" if saves == [steps] and steps % every
+            else f"steps {listed}")
+    where = (f"resuming from step {start} of {steps} saved in {path}" if start else
+             f"no checkpoint in {path} yet: starting from step 0")
+    return start, f"{where}; saving {when}"
+
+
 def run(config: LMConfig, steps: int, *, batch: int = 32, seed: int = 0,
         peak_lr: float = 3e-3, checkpoint_dir: str | None = None,
         checkpoint_every: int = 50, eval_every: int | None = None,
-        log: Any = None) -> dict:
+        log: Any = None, notify: Callable[[str], None] | None = None) -> dict:
     """Train ``LM(config)`` on the standard-library corpus for ``steps`` steps, one device.
 
     With ``checkpoint_dir`` it saves (parameters, optimizer state) with Orbax every
-    ``checkpoint_every`` steps and, started again, resumes from the newest save: batch k
-    is ``textdata.batch_at(train, k, ...)`` whichever process trains it, so a resumed
-    run sees the data an uninterrupted one would. ``log(record)`` gets a dict per step
-    (``{"step": k, "loss": nats}``, and ``"heldout_bpb"`` every ``eval_every`` steps).
-    Returns ``{"steps", "losses", "eval_steps", "heldout_bpb", "resumed_from"}``.
+    ``checkpoint_every`` steps and at the last step and, started again, resumes from the
+    newest save: batch k is ``textdata.batch_at(train, k, ...)`` whichever process trains
+    it, so a resumed run sees the data an uninterrupted one would. A checkpoint written
+    with other settings (``config``, ``steps``, ``batch``, ``seed``, ``peak_lr``) is
+    refused, naming them, before anything is trained; one at or past ``steps`` leaves
+    nothing to train (a warning says so, the saved parameters are returned).
+    ``log(record)`` gets a dict per step (``{"step": k, "loss": nats}``, and
+    ``"heldout_bpb"`` every ``eval_every`` steps); ``notify(line)`` gets a line about the
+    checkpoints (what was resumed or that nothing was saved yet, which steps will be
+    saved, or that there is nothing to train). Returns ``{"steps", "losses",
+    "eval_steps", "heldout_bpb", "resumed_from"}``.
     """
     from tpu_course import textdata
     from tpu_course.train import checkpoints
 
+    config = _check_config(config)
     steps = errors.check_int("steps", steps, low=1)
-    corpus = textdata.load()
+    batch = errors.check_int("batch", batch, low=1)
+    seed = errors.check_int("seed", seed, low=0)
+    peak_lr = errors.check_number("peak_lr", peak_lr, low=0, low_open=True)
+    checkpoint_every = errors.check_int("checkpoint_every", checkpoint_every, low=1)
+    if eval_every is not None:
+        eval_every = errors.check_int("eval_every", eval_every, low=1)
+    for name, fn in (("log", log), ("notify", notify)):
+        if fn is not None and not callable(fn):
+            raise errors.CourseTypeError(f"{name}={fn!r}: expected a function of one "
+                                         f"argument, or None; got {type(fn).__name__}.")
+    settings = {"config": dataclasses.asdict(config), "steps": steps, "batch": batch,
+                "seed": seed, "peak_lr": peak_lr}
+    start, path = 0, None
+    if checkpoint_dir is not None:
+        path = checkpoints.check_directory(checkpoint_dir, "checkpoint_dir")
+        start, news = _resume_point(path, settings, steps, checkpoint_every)
+        if start >= steps and notify is None:
+            warnings.warn(news, checkpoints.CheckpointWarning, stacklevel=2)
+        elif notify is not None:
+            notify(news)
+    corpus = textdata.load() if start < steps else None
     graphdef, params = nnx.split(LM(config, rngs=nnx.Rngs(seed)))
-    tx = make_optimizer(steps, peak_lr=peak_lr)
-    state = {"params": params, "opt_state": tx.init(params)}
-    start = 0
-    if checkpoint_dir is not None and checkpoints.latest_step(checkpoint_dir) is not None:
-        state, _ = checkpoints.restore_checkpoint(checkpoint_dir, state)
-        start = checkpoints.latest_step(checkpoint_dir)
-    train_step = jax.jit(make_train_step(graphdef, tx))
+    tx, train_step = _compiled_step(graphdef, steps, peak_lr)
+    # placed on the device as a restored state is (committed), so that a fresh run and a
+    # resumed one share one compiled step
+    state = jax.device_put({"params": params, "opt_state": tx.init(params)}, jax.devices()[0])
+    if start:
+        state, _ = checkpoints.restore_checkpoint(path, state, step=start)
     history: dict = {"steps": [], "losses": [], "eval_steps": [], "heldout_bpb": [],
                      "resumed_from": start}
     for step in range(start, steps):
@@ -445,8 +669,8 @@ def run(config: LMConfig, steps: int, *, batch: int = 32, seed: int = 0,
                                              batch=batch, length=config.context)
             history["eval_steps"].append(step + 1)
             history["heldout_bpb"].append(record["heldout_bpb"])
-        if checkpoint_dir is not None and (step + 1) % checkpoint_every == 0:
-            checkpoints.save_checkpoint(checkpoint_dir, state, {"steps": steps},
+        if path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+            checkpoints.save_checkpoint(path, state, {"steps": steps, "settings": settings},
                                         step=step + 1)
         if log is not None:
             log(record)
@@ -454,13 +678,36 @@ def run(config: LMConfig, steps: int, *, batch: int = 32, seed: int = 0,
     return history
 
 
+#: The command line's flags that are run()'s arguments or LMConfig fields, by name.
+_FLAGS = ("steps", "batch", "seed", "checkpoint_dir", "checkpoint_every", "eval_every",
+          "d_model", "heads", "layers", "d_ff", "context")
+
+
+def _as_flags(message: str) -> str:
+    """``run``'s and ``LMConfig``'s names in ``message`` as the command line's flags:
+    ``batch=8`` -> ``--batch=8``, ``LMConfig.d_model=0`` -> ``--d-model=0``.
+
+    >>> _as_flags("LMConfig.d_model=0; batch=8 there, 4 here; another checkpoint_dir")
+    '--d-model=0; --batch=8 there, 4 here; another --checkpoint-dir'
+    """
+    names = "|".join(_FLAGS)
+    message = re.sub(rf"(?<![\w.-])(?:LMConfig\.)?({names})=",
+                     lambda m: "--" + m.group(1).replace("_", "-") + "=", message)
+    return re.sub(r"(?<![\w.-])checkpoint_dir\b", "--checkpoint-dir", message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tpu_course.lm --steps 40 --checkpoint-dir DIR``: a run that prints
-    one JSON line per step (what chapter 8 kills and resumes)."""
-    import argparse
+    one JSON line per step (what chapter 8 kills and resumes). Started again with the same
+    flags it resumes from the newest checkpoint; what it resumed (or that nothing was
+    saved yet), which steps it saves, and any refusal are one line each on stderr (a bad
+    flag: exit code 2, nothing trained)."""
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m tpu_course.lm", description=main.__doc__)
+    from tpu_course.train.__main__ import ArgumentParser, refuse, say, warnings_as_lines
+
+    prog = "python -m tpu_course.lm"
+    parser = ArgumentParser(prog=prog, description=main.__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
@@ -471,16 +718,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--" + name.replace("_", "-"), type=int,
                             default=getattr(LMConfig.cpu(), name))
     args = parser.parse_args(argv)
-    config = LMConfig(d_model=args.d_model, heads=args.heads, layers=args.layers,
-                      d_ff=args.d_ff, context=args.context)
-    run(config, args.steps, batch=args.batch, seed=args.seed,
-        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        eval_every=args.eval_every, log=lambda r: print(json.dumps(r), flush=True))
+    try:
+        for name in ("steps", "batch", "checkpoint_every"):
+            errors.check_int(name, getattr(args, name), low=1)
+        errors.check_int("seed", args.seed, low=0)
+        if args.eval_every is not None:
+            errors.check_int("eval_every", args.eval_every, low=1)
+        config = LMConfig(d_model=args.d_model, heads=args.heads, layers=args.layers,
+                          d_ff=args.d_ff, context=args.context)
+        with warnings_as_lines(prog):
+            run(config, args.steps, batch=args.batch, seed=args.seed,
+                checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                eval_every=args.eval_every, log=lambda r: print(json.dumps(r), flush=True),
+                notify=lambda line: say(prog, _as_flags(line)))
+    except errors.CourseError as err:  # the course's message says what to do: no traceback
+        return refuse(prog, _as_flags(str(err)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 # ---------------------------------------------------------------------------- counting
@@ -492,6 +745,7 @@ def param_count(config: LMConfig) -> int:
     >>> param_count(LMConfig(d_model=8, heads=2, layers=1, d_ff=16, context=4))
     4664
     """
+    config = _check_config(config)
     d, f = config.d_model, config.d_ff
     block = 4 * d * d + 2 * d * f + 2 * d  # wq wk wv wo, w_in w_out, two norm scales
     embeddings = config.vocab * d + config.context * d  # tokens, positions
@@ -514,6 +768,7 @@ def flops_per_token(config: LMConfig, context: int | None = None) -> float:
     >>> flops_per_token(LMConfig.cpu(), 128)  # 6 x 1,017,216 + 12 x 5 x 128 x 128
     7086336.0
     """
+    config = _check_config(config)
     t = config.context if context is None else errors.check_int("context", context, low=1)
     n = param_count(config) - (config.vocab + config.context) * config.d_model
     return float(6 * n + 12 * config.layers * config.d_model * t)
@@ -564,8 +819,13 @@ def decode_cost(config: LMConfig, batch: int, position: int, *,
     >>> c.flops, c.weight_bytes, c.cache_bytes
     (2036992.0, 2132736.0, 2560.0)
     """
+    config = _check_config(config)
     batch = errors.check_int("batch", batch, low=1)
     position = errors.check_int("position", position, low=0, high=config.context - 1)
+    weight_bytes_per_param = errors.check_number("weight_bytes_per_param",
+                                                 weight_bytes_per_param, low=0, low_open=True)
+    cache_bytes_per_value = errors.check_number("cache_bytes_per_value",
+                                                cache_bytes_per_value, low=0)
     t = position + 1
     n = param_count(config) - (config.vocab + config.context) * config.d_model
     flops = batch * (2 * n + 4 * config.layers * config.d_model * t)
@@ -601,3 +861,7 @@ def decode_ridge_batch(config: LMConfig, chip: hardware.Chip | str, position: in
     if denominator <= 0:
         return math.inf
     return ridge * one.weight_bytes / denominator
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
