@@ -221,17 +221,3 @@ def test_notebook_lines_fit_the_page(tmp_path):
             for path in sorted((root / folder).glob("[0-9][0-9]_*.ipynb"))
             for w in _wide_lines(path)]
     assert not wide, f"{len(wide)} lines over {LINE_WIDTH} characters:\n" + "\n".join(wide)
-
-
-def test_ci_starts_files_that_exist_longest_first():
-    """conftest.RUN_FIRST orders CI's files; a renamed file would silently drop out."""
-    import importlib.util
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("root_conftest", root / "conftest.py")
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    missing = [p for p in conftest.RUN_FIRST if not (root / p).is_file()]
-    assert not missing, f"conftest.RUN_FIRST names files that do not exist: {missing}"
-    assert len(set(conftest.RUN_FIRST)) == len(conftest.RUN_FIRST)
-    assert conftest.RUN_FIRST[0] == "notebooks/08_language_model.ipynb"  # the longest

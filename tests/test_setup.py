@@ -197,14 +197,15 @@ def test_the_module_runs_before_the_course_dependencies_are_there():
     module (and the package's __init__) import only the standard library."""
     import ast
 
-    for path in (ROOT / "tpu_course" / "setup.py", ROOT / "tpu_course" / "__init__.py"):
+    for name in ("setup", "__init__", "warnings_policy"):  # what `import tpu_course.setup` runs
+        path = ROOT / "tpu_course" / f"{name}.py"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            for name in names:
-                top = name.split(".")[0]
+            for imported in names:
+                top = imported.split(".")[0]
                 assert top in sys.stdlib_module_names or top in ("__future__", "tpu_course"), \
-                    (path.name, name)
+                    (path.name, imported)
     assert "from tpu_course" not in (ROOT / "tpu_course" / "setup.py").read_text()
 
 

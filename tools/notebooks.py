@@ -549,6 +549,26 @@ def sync_readme() -> None:
                              text, flags=re.S))
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: a whole number of at least 1, or ``auto`` (one per core).
+
+    >>> _jobs("3"), _jobs("auto") >= 1
+    (3, True)
+    """
+    import os
+
+    if text.strip().lower() == "auto":
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else os.cpu_count() or 1)
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be 1 or more, or auto; got {text!r}")
+    return jobs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.notebooks")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -564,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                         "their setup cells and metadata; labs, README and the agenda stay")
     r = sub.add_parser("run-labs", help="run each unsolved lab to its scorecard (0 of M)")
     r.add_argument("paths", nargs="*", type=pathlib.Path)
-    r.add_argument("--jobs", type=int, default=1, help="labs run at once, each on its own kernel")
+    r.add_argument("--jobs", type=_jobs, default=1,
+                   help="labs run at once, each on its own kernel ('auto': one per core)")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         paths = all_twins() if args.all else [p.with_suffix(".py") for p in args.paths]
@@ -593,8 +614,6 @@ def main(argv: list[str] | None = None) -> int:
         sync_readme()
         workshop.sync(ROOT)
     elif args.cmd == "run-labs":
-        if args.jobs < 1:
-            parser.error(f"--jobs must be 1 or more, got {args.jobs}")
         labs = [p.with_suffix(".ipynb") for p in args.paths or sorted((ROOT / "labs").glob("*.ipynb"))]
         problems = []
         with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
