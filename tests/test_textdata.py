@@ -123,3 +123,54 @@ def test_download_refuses_a_wrong_checksum_and_a_missing_network(tmp_path):
     with pytest.raises(errors.CourseValueError, match="tinyshakespeare"):
         textdata.download("shakespeare")  # not a known name: the known ones are listed
     assert set(textdata.PUBLIC_TEXTS) == {"tinyshakespeare"}
+
+
+@pytest.mark.parametrize("name", ["../victim", "/tmp/victim", "sub/victim", "..", ".hidden", "",
+                                  "a" * 65, "name with spaces"])
+def test_download_name_is_never_a_path(tmp_path, name):
+    path, digest = _text_file(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    with pytest.raises(errors.CourseValueError, match=r"name=.*: expected a plain name for the "
+                       r"cached file .* no path"):
+        textdata.download(name, url=path.as_uri(), sha256=digest, cache_dir=tmp_path / "cache")
+    assert victim.read_text() == "precious" and not (tmp_path / "cache").exists()
+
+
+def test_download_writes_by_renaming_and_refuses_half_given_sources(tmp_path):
+    path, digest = _text_file(tmp_path)
+    textdata.download("hamlet", url=path.as_uri(), sha256=digest.upper(),
+                      cache_dir=tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache" / "text").iterdir()] == ["hamlet.txt"]  # no temp
+    with pytest.raises(errors.CourseValueError, match=r"sha256=None: 'hamlet' is not a known "
+                       r"text \(tinyshakespeare\), so it needs both url="):
+        textdata.download("hamlet", url=path.as_uri())
+    with pytest.raises(errors.CourseValueError, match=r"sha256='abc': expected 64 hexadecimal"):
+        textdata.download("hamlet", url=path.as_uri(), sha256="abc")
+    (tmp_path / "cache2" / "text" / "hamlet.txt").mkdir(parents=True)  # not a file: left alone
+    with pytest.raises(errors.CourseValueError, match=r"hamlet.txt is not a file"):
+        textdata.download("hamlet", url=path.as_uri(), sha256=digest, cache_dir=tmp_path / "cache2")
+
+
+def test_reported_nonsense_is_refused_not_answered(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # '' would have read the current folder
+    with pytest.raises(errors.CourseValueError, match=r"root='' is empty \(it would read the "
+                       r"current folder\)"):
+        textdata.load("")
+    with pytest.raises(errors.CourseValueError, match=r"train holds 300 \(at index 1\): byte "
+                       r"values are 0..255; .* \(cast to bytes, 300 would count as 44\)"):
+        textdata.unigram_bits_per_byte(np.array([1, 300]), np.array([1], np.uint8))
+    with pytest.raises(errors.CourseValueError, match=r"heldout holds -1"):
+        textdata.bigram_bits_per_byte(np.arange(10), np.array([1, -1]))
+    with pytest.raises(errors.CourseValueError, match=r"heldout has 0 bytes"):
+        textdata.unigram_bits_per_byte(np.arange(10), np.array([], np.uint8))
+    with pytest.raises(errors.CourseValueError, match=r"loss_nats=-1.0: expected a finite number >= 0"):
+        textdata.bits_per_byte(-1.0)
+    assert textdata.bits_per_byte(np.float32(math.log(2))) == pytest.approx(1.0)
+    with pytest.raises(errors.CourseValueError, match=r"fraction=2: expected a finite number >= 0 "
+                       r"and <= 1"):
+        textdata.is_heldout("json/decoder.py", fraction=2)
+    with pytest.raises(errors.CourseTypeError, match=r"data: expected a 1-D integer array"):
+        textdata.batches(np.zeros(50, np.float32), 2, 8)  # at the call, not at the first batch
+    with pytest.raises(errors.CourseValueError, match=r"seed=-1: expected an integer >= 0"):
+        textdata.batch_at(np.zeros(50, np.uint8), 0, 2, 8, seed=-1)
