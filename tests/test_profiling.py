@@ -92,3 +92,61 @@ def test_no_trace_is_a_course_error(tmp_path):
         profiling.read(tmp_path)
     with pytest.raises(errors.CourseValueError, match="category"):
         profiling.Profile((), "x").top_ops(category="gpu")
+
+
+def _trace_file(directory, blob, name="vm.trace.json.gz"):
+    run = directory / "plugins" / "profile" / "2026_01_01_00_00_00"
+    run.mkdir(parents=True)
+    (run / name).write_bytes(blob)
+    return run / name
+
+
+def _gz(value):
+    return gzip.compress(json.dumps(value).encode())
+
+
+X = {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 5, "name": "fusion.1"}
+BAD_TRACES = [
+    (_gz({"traceEvents": []}), "holds no timed events: nothing ran inside the"),
+    (_gz({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}), "holds no timed events"),
+    (_gz({"traceEvents": [{**X, "dur": -5}]}), "has an event 'fusion.1' with a negative duration"),
+    (_gz({"traceEvents": [{**X, "ts": "soon"}]}), "'ts' is 'soon', not a number"),
+    (_gz({"traceEvents": [{**X, "dur": None}]}), "'dur' is None, not a number"),
+    (_gz({"traceEvents": [1, 2]}), "holds a trace event that is int 1, not an object"),
+    (_gz(42), "holds no list of trace events"),
+    (_gz({"events": []}), "holds no list of trace events"),
+    (b"not gzip at all", "cannot be read as gzip"),
+    (gzip.compress(b"{not json"), "is not JSON inside its gzip"),
+    (gzip.compress(b"\xff\xfe"), "is not JSON inside its gzip"),
+    (_gz({"traceEvents": [X]})[:-6], "cannot be read as gzip"),  # cut short
+]
+
+
+@pytest.mark.parametrize("blob, said", BAD_TRACES)
+def test_a_trace_that_is_empty_or_malformed_says_what_is_wrong(tmp_path, blob, said):
+    path = _trace_file(tmp_path, blob)
+    with pytest.raises(profiling.TraceError) as info:
+        profiling.read(tmp_path)
+    assert str(info.value).startswith(str(path)) and said in str(info.value), str(info.value)
+    assert "jax.profiler.trace" in str(info.value)  # what to do
+
+
+def test_an_empty_or_garbage_xplane_is_refused(tmp_path):
+    _trace_file(tmp_path / "a", b"", "vm.xplane.pb")
+    with pytest.raises(profiling.TraceError, match=r"vm.xplane.pb is empty \(0 bytes\): the trace "
+                       r"was not written completely"):
+        profiling.read(tmp_path / "a")
+    path = _trace_file(tmp_path / "b", b"\x08\x96\x01 garbage \xff" * 3, "vm.xplane.pb")
+    with pytest.raises(profiling.TraceError, match=r"cannot be read as an XSpace|holds no timed events"):
+        profiling.read(path)  # a trace file itself is read too
+
+
+def test_bad_arguments_name_themselves(tmp_path):
+    for directory, said in ((None, r"directory=None: expected the folder given to "
+                                   r"jax.profiler.trace"),
+                            ("", r"directory='' is empty"),
+                            (tmp_path / "absent", r"directory='.*absent' does not exist")):
+        with pytest.raises(errors.CourseError, match=said):
+            profiling.read(directory)
+    with pytest.raises(errors.CourseValueError, match=r"Profile.steps=0: expected an integer >= 1"):
+        profiling.Profile((), "x", steps=0)

@@ -36,8 +36,11 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
+import os
 import pathlib
 import re
+import zlib
 from collections import defaultdict
 from typing import Any
 
@@ -108,6 +111,9 @@ class Profile:
     path: str
     steps: int = 1  # how many steps the trace covers: the summaries divide by it
 
+    def __post_init__(self) -> None:
+        errors.check_int("steps", self.steps, low=1, where="Profile")
+
     def time_by_category(self) -> dict[str, float]:
         """Seconds of self time per step, per category (all of :data:`CATEGORIES`)."""
         totals = dict.fromkeys(CATEGORIES, 0.0)
@@ -153,6 +159,7 @@ class Profile:
         category. Returns the Matplotlib axes."""
         import matplotlib.pyplot as plt
 
+        max_threads = errors.check_int("max_threads", max_threads, low=1)
         busy: dict[str, float] = defaultdict(float)
         for event in self.events:
             busy[event.thread] += event.duration_us
@@ -207,26 +214,76 @@ def _build(raw: list[tuple[str, str, str, float, float]], path: str, steps: int)
     return Profile(events, path, steps)
 
 
+class TraceError(errors.CourseValueError):
+    """A trace file that cannot be read as one: what is wrong with it, and what to do."""
+
+
+_RETRACE = ("capture the trace again (`with jax.profiler.trace(directory): ...` around a few "
+            "steps, waiting for their results inside the block) and read the new one")
+
+
+def _bad(path: pathlib.Path, what: str) -> TraceError:
+    return TraceError(f"{path} {what}: not a trace jax.profiler wrote, or one cut short. "
+                      f"{_RETRACE.capitalize()}.")
+
+
+def _number(path: pathlib.Path, e: dict, key: str, name: str) -> float:
+    value = e.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _bad(path, f"has an event {name!r} whose {key!r} is {value!r}, not a number")
+    try:
+        x = float(value)
+    except ValueError:
+        raise _bad(path, f"has an event {name!r} whose {key!r} is {value!r}, not a number") from None
+    if not math.isfinite(x):
+        raise _bad(path, f"has an event {name!r} whose {key!r} is {value!r}")
+    return x
+
+
 def _from_json(path: pathlib.Path) -> list[tuple[str, str, str, float, float]]:
-    with gzip.open(path, "rt") as f:
-        trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            trace = json.load(f)
+    except (OSError, EOFError, zlib.error) as err:
+        raise _bad(path, f"cannot be read as gzip ({type(err).__name__}: {err})") from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise _bad(path, f"is not JSON inside its gzip ({type(err).__name__}: "
+                         f"{str(err)[:100]})") from None
+    events = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(events, list):
+        raise _bad(path, "holds no list of trace events (expected {\"traceEvents\": [...]} "
+                         "or a list)")
+    if not all(isinstance(e, dict) for e in events):
+        bad = next(e for e in events if not isinstance(e, dict))
+        raise _bad(path, f"holds a trace event that is {type(bad).__name__} {bad!r:.60}, not "
+                         "an object")
     processes: dict[Any, str] = {}
     threads: dict[tuple[Any, Any], str] = {}
     for e in events:
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
         if e.get("ph") == "M" and e.get("name") == "process_name":
-            processes[e.get("pid")] = str(e.get("args", {}).get("name", e.get("pid")))
+            processes[_key(e.get("pid"))] = str(args.get("name", e.get("pid")))
         elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+            threads[(_key(e.get("pid")), _key(e.get("tid")))] = str(args.get("name", ""))
     raw = []
     for e in events:
         name = str(e.get("name", ""))
-        if e.get("ph") != "X" or not e.get("dur") or name.startswith("end: "):
+        if e.get("ph") != "X" or name.startswith("end: "):
             continue
-        pid, tid = e.get("pid"), e.get("tid")
+        duration = _number(path, e, "dur", name) if "dur" in e else 0.0
+        if duration < 0:
+            raise _bad(path, f"has an event {name!r} with a negative duration ({duration:g} us)")
+        if not duration:
+            continue
+        pid, tid = _key(e.get("pid")), _key(e.get("tid"))
         raw.append((name, threads.get((pid, tid), str(tid)), processes.get(pid, str(pid)),
-                    float(e["ts"]), float(e["dur"])))
+                    _number(path, e, "ts", name), duration))
     return raw
+
+
+def _key(value: Any) -> Any:
+    """A process or thread id as a dict key (a list or dict id becomes its text)."""
+    return value if isinstance(value, (str, int, float, type(None))) else repr(value)
 
 
 def _from_xplane(path: pathlib.Path) -> list[tuple[str, str, str, float, float]]:
@@ -234,14 +291,28 @@ def _from_xplane(path: pathlib.Path) -> list[tuple[str, str, str, float, float]]
     # with deprecation warnings as errors aborts the process on some versions)
     from jax.profiler import ProfileData
 
-    data = ProfileData.from_file(str(path))
-    raw = []
-    for plane in data.planes:
-        for line in plane.lines:
-            for event in line.events:
-                if event.duration_ns > 0 and not event.name.startswith("end: "):
-                    raw.append((event.name, line.name, plane.name, event.start_ns / 1e3,
-                                event.duration_ns / 1e3))
+    if path.stat().st_size == 0:
+        raise TraceError(f"{path} is empty (0 bytes): the trace was not written completely "
+                         f"(the process ended inside the block?). {_RETRACE.capitalize()}.")
+    try:
+        data = ProfileData.from_file(str(path))
+        raw = []
+        for plane in data.planes:
+            for line in plane.lines:
+                for event in line.events:
+                    if event.name.startswith("end: "):
+                        continue
+                    if event.duration_ns < 0:
+                        raise _bad(path, f"has an event {event.name!r} with a negative "
+                                         f"duration ({event.duration_ns} ns)")
+                    if event.duration_ns > 0:
+                        raw.append((event.name, line.name, plane.name, event.start_ns / 1e3,
+                                    event.duration_ns / 1e3))
+    except TraceError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the protobuf reader raises bare Exceptions
+        raise _bad(path, f"cannot be read as an XSpace ({type(err).__name__}: "
+                         f"{str(err)[:100]})") from None
     return raw
 
 
@@ -249,16 +320,49 @@ def read(directory: str | pathlib.Path, steps: int = 1) -> Profile:
     """The newest trace under ``directory`` (what ``jax.profiler.trace`` wrote there).
 
     ``steps``: how many steps ran inside the trace, so the summaries are per step.
+    ``directory`` may also be a trace file itself (``.trace.json.gz`` or ``.xplane.pb``).
+    A trace that cannot be read, holds an event with a negative or non-numeric time, or
+    holds no timed event at all is a :class:`TraceError` saying which and what to do.
     """
-    base = pathlib.Path(directory)
+    if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)):
+        raise errors.CourseTypeError(
+            f"directory={directory!r}: expected the folder given to jax.profiler.trace (a "
+            f"string or pathlib.Path), got {type(directory).__name__}.")
+    if not str(directory).strip():
+        raise errors.CourseValueError(
+            f"directory={directory!r} is empty: pass the folder given to jax.profiler.trace")
     steps = errors.check_int("steps", steps, low=1)
+    base = pathlib.Path(directory)
+    if base.is_file():
+        if base.name.endswith(".trace.json.gz"):
+            return _profile(_from_json(base), base, steps)
+        if base.name.endswith(".xplane.pb"):
+            return _profile(_from_xplane(base), base, steps)
+        raise errors.CourseValueError(
+            f"directory={str(base)!r} is a file, not a trace: pass the folder given to "
+            "jax.profiler.trace, or its .trace.json.gz or .xplane.pb file")
+    if not base.is_dir():
+        raise errors.CourseValueError(
+            f"directory={str(base)!r} does not exist: capture a trace first with "
+            f"`with jax.profiler.trace({str(base)!r}): ...` around a few steps")
     found = sorted(base.glob("**/*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if found:
-        return _build(_from_json(found[-1]), str(found[-1]), steps)
+        return _profile(_from_json(found[-1]), found[-1], steps)
     planes = sorted(base.glob("**/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
     if planes:
-        return _build(_from_xplane(planes[-1]), str(planes[-1]), steps)
+        return _profile(_from_xplane(planes[-1]), planes[-1], steps)
     raise errors.CourseValueError(
         f"no trace under {str(base)!r}: capture one first with "
         f"`with jax.profiler.trace({str(base)!r}): ...` around a few steps, and wait "
         "for their results inside the block (.block_until_ready())")
+
+
+def _profile(raw: list[tuple[str, str, str, float, float]], path: pathlib.Path,
+             steps: int) -> Profile:
+    if not raw:
+        raise TraceError(
+            f"{path} holds no timed events: nothing ran inside the `with "
+            "jax.profiler.trace(...)` block, or its work had not finished when the block "
+            "ended. Run a few steps inside it and wait for their results there "
+            "(.block_until_ready()), then read the new trace.")
+    return _build(raw, str(path), steps)
