@@ -60,8 +60,8 @@ def test_readme_package_table_names_every_module():
 
 def test_every_module_has_its_test_file():
     """CONTRIBUTING's "one module per concept with its test": tests/test_<module>.py
-    (the ``checks`` package: tests/test_checks_core.py and one file per lab)."""
-    own = {"checks": "checks_core"}
+    (the ``checks`` package: tests/test_engine.py and one file per lab)."""
+    own = {"checks": "engine"}
     missing = sorted(m for m in _modules() - {"__main__"}
                      if not (ROOT / "tests" / f"test_{own.get(m, m)}.py").exists())
     assert not missing, f"modules without tests/test_<module>.py: {missing}"

@@ -43,7 +43,7 @@ def jax_floor() -> str:
 _SUBMODULES = (
     "errors", "warnings_policy", "hardware", "systolic", "roofline", "comms", "plans", "costs", "runtime",
     "data", "hlo", "bench", "transfer", "models", "train", "parallel", "multihost", "parity",
-    "pallas_tools", "viz", "tables", "checks", "preflight", "grade", "lm", "textdata",
+    "pallas_tools", "viz", "tables", "checks", "preflight", "grade", "room", "lm", "textdata",
     "profiling", "setup",
 )
 
