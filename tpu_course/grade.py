@@ -462,7 +462,7 @@ def _kill_leftovers(token: str) -> None:
 #: Processes one submission may run at once (worker, kernel, whatever they start).
 DEFAULT_PROCESSES = 64
 #: The largest file a submission's processes may write (the worker's results included).
-DEFAULT_FILE_BYTES = 2**30
+DEFAULT_FILE_BYTES = 10**9
 #: Seconds between two looks of the watchdog.
 WATCH_S = 0.2
 
