@@ -357,3 +357,13 @@ def test_a_handed_in_notebook_is_its_learner_in_every_export(limited):
     again = grade.grade([out.parent / "subs"], out, resume=True, progress=False,
                         sandbox=grade.Sandbox(None, "test"))
     assert len(again) == 4 * N  # nothing graded twice
+
+
+def test_an_interrupted_run_says_it_is_partial(tmp_path):
+    grade.write_results(tmp_path, ROWS, [], grade.Sandbox(None, "test"), grade.Limits(), 3.0,
+                        ROSTER, partial=True)
+    text = (tmp_path / "summary.md").read_text()
+    assert text.splitlines()[2].startswith("**PARTIAL") and "--resume" in text
+    assert {p.name for p in tmp_path.iterdir()} >= {
+        "grades.csv", "gradebook.csv", "canvas.csv", "moodle.csv", "nbgrader.csv", "feedback"}
+    assert not list(tmp_path.glob("*.tmp"))
