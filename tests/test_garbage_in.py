@@ -10,8 +10,14 @@ or ``TypeError``) with a message that names the argument: never a ``ZeroDivision
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
+import os
+import tempfile
+import types
+import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -295,3 +301,151 @@ def test_issue_25_small_ones_refuse_by_name(call, kind, message):
     with pytest.raises(kind, match=message) as info:
         call()
     assert_course_error(info.value)
+
+
+# --------------------------------------------------------------------------------------
+# Issue 38: chapter 8's surfaces (the language model, text data, profiling), the
+# checkpoints and the environment, each argument in turn given the garbage
+# --------------------------------------------------------------------------------------
+
+
+class _Reached(Exception):
+    """The call got past every check: its arguments were valid. The work itself (a
+    compile, a training run) is skipped there, to keep the test cheap."""
+
+
+def _reached(*args, **kwargs):
+    raise _Reached
+
+
+@pytest.fixture(scope="module")
+def ch8(tmp_path_factory):
+    """Valid arguments for every case: a model's shapes, files to read, a saved step."""
+    import hashlib
+    import json
+
+    lm = pytest.importorskip("tpu_course.lm")
+    from flax import nnx
+
+    from tpu_course import profiling, runtime, textdata
+    from tpu_course.train import checkpoints
+
+    base = tmp_path_factory.mktemp("ch8")
+    config = lm.LMConfig(d_model=8, heads=2, layers=1, d_ff=16, context=8,
+                         compute_dtype="float32")
+    model = nnx.eval_shape(lambda: lm.LM(config, rngs=nnx.Rngs(0)))  # shapes: no compile
+    source = base / "source.txt"
+    source.write_bytes(b"To be, or not to be, that is the question.\n" * 20)
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    stdlib = base / "py"  # a stand-in standard library of 40 files
+    stdlib.mkdir()
+    for i in range(40):
+        (stdlib / f"m{i:02d}.py").write_bytes(f"# file {i}\n".encode())
+    trace = base / "trace" / "plugins" / "profile" / "run"
+    trace.mkdir(parents=True)
+    event = {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 5, "name": "fusion.1"}
+    (trace / "vm.trace.json.gz").write_bytes(gzip.compress(json.dumps([event]).encode()))
+    saved = base / "ck"
+    state = {"w": np.zeros(3, np.float32)}
+    checkpoints.save_checkpoint(saved, state, {"a": 1}, step=1)
+    tokens = np.zeros((1, 4), np.int32)
+    cases = {
+        "lm.generate": (lm.generate, dict(model=model, prompt=[1, 2], steps=2, temperature=0.0,
+                                          seed=0)),
+        "lm.run": (lm.run, dict(config=config, steps=2, batch=2, seed=0, peak_lr=1e-3,
+                                checkpoint_dir=None, checkpoint_every=2, eval_every=None,
+                                log=None)),
+        "lm.check_tokens": (lm.check_tokens, dict(tokens=tokens, config=config, start=0)),
+        "lm.param_count": (lm.param_count, dict(config=config)),
+        "lm.flops_per_token": (lm.flops_per_token, dict(config=config, context=8)),
+        "lm.decode_cost": (lm.decode_cost, dict(config=config, batch=1, position=3,
+                                                weight_bytes_per_param=2,
+                                                cache_bytes_per_value=2)),
+        "lm.decode_ridge_batch": (lm.decode_ridge_batch, dict(config=config, chip="v5e",
+                                                              position=3)),
+        "textdata.load": (textdata.load, dict(root=stdlib, heldout_fraction=0.3)),
+        "textdata.batch_at": (textdata.batch_at, dict(data=np.arange(100, dtype=np.uint8), step=0,
+                                                      batch=2, length=8, seed=0)),
+        "textdata.batches": (textdata.batches, dict(data=np.arange(100, dtype=np.uint8), batch=2,
+                                                    length=8, seed=0, start_step=0)),
+        "textdata.bits_per_byte": (textdata.bits_per_byte, dict(loss_nats=1.0)),
+        "textdata.unigram_bits_per_byte": (textdata.unigram_bits_per_byte,
+                                           dict(train=np.arange(256, dtype=np.uint8),
+                                                heldout=np.array([1, 2], np.uint8))),
+        "textdata.bigram_bits_per_byte": (textdata.bigram_bits_per_byte,
+                                          dict(train=np.arange(256, dtype=np.uint8),
+                                               heldout=np.array([1, 2], np.uint8))),
+        "textdata.is_heldout": (textdata.is_heldout, dict(relative_path="json/decoder.py",
+                                                          fraction=0.1)),
+        "textdata.download": (textdata.download, dict(name="hamlet", url=source.as_uri(),
+                                                      sha256=digest, cache_dir=base / "cache",
+                                                      heldout_fraction=0.1, timeout_s=5.0)),
+        "profiling.read": (profiling.read, dict(directory=base / "trace", steps=1)),
+        "profiling.Profile.top_ops": (profiling.read(base / "trace").top_ops,
+                                      dict(n=3, category=None)),
+        "checkpoints.save_checkpoint": (checkpoints.save_checkpoint,
+                                        dict(directory="fresh", state=state, metadata={"a": 1},
+                                             step=1, max_to_keep=None)),
+        "checkpoints.restore_checkpoint": (checkpoints.restore_checkpoint,
+                                           dict(directory=saved, like=state, step=None)),
+        "checkpoints.latest_step": (checkpoints.latest_step, dict(directory=saved)),
+        "checkpoints.saved_metadata": (checkpoints.saved_metadata,
+                                       dict(directory=saved, step=1)),
+        "runtime.check_device_count_flag": (runtime.check_device_count_flag,
+                                            dict(value="--xla_dump_to=/tmp/x")),
+        "runtime.cpu_subprocess_env": (runtime.cpu_subprocess_env,
+                                       dict(devices=8, keep_xla_flags=True)),
+    }
+    stubs = {"lm.generate": (lm, "_generate"), "lm.run": (textdata, "load")}
+    return types.SimpleNamespace(cases=cases, stubs=stubs, base=base, stdlib=stdlib,
+                                 textdata=textdata, lm=lm, config=config)
+
+
+CH8_CASES = ["lm.generate", "lm.run", "lm.check_tokens", "lm.param_count", "lm.flops_per_token",
+             "lm.decode_cost", "lm.decode_ridge_batch", "textdata.load", "textdata.batch_at",
+             "textdata.batches", "textdata.bits_per_byte", "textdata.unigram_bits_per_byte",
+             "textdata.bigram_bits_per_byte", "textdata.is_heldout", "textdata.download",
+             "profiling.read", "profiling.Profile.top_ops", "checkpoints.save_checkpoint",
+             "checkpoints.restore_checkpoint", "checkpoints.latest_step",
+             "checkpoints.saved_metadata", "runtime.check_device_count_flag",
+             "runtime.cpu_subprocess_env"]
+
+
+@pytest.mark.parametrize("case", CH8_CASES)
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data(), garbage=GARBAGE)
+def test_chapter_8_surfaces_refuse_garbage_naming_the_argument(ch8, case, data, garbage):
+    fn, kwargs = ch8.cases[case]
+    arg = data.draw(st.sampled_from(sorted(kwargs)), label="argument")
+    call = {**kwargs, arg: garbage}
+    scratch = tempfile.mkdtemp(dir=ch8.base)  # a relative path lands here, fresh each time
+    if call.get("directory") == "fresh":
+        call["directory"] = os.path.join(scratch, "ck")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.chdir(scratch))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore", UserWarning)  # a checkpoint's news, not the point here
+        if case in ch8.stubs:
+            stack.enter_context(mock.patch.object(*ch8.stubs[case], _reached))
+        stack.enter_context(mock.patch.object(ch8.textdata, "stdlib_root", lambda: ch8.stdlib))
+        try:
+            fn(**call)
+        except _Reached:
+            pass
+        except Exception as err:  # noqa: BLE001 - the point is to see what comes out
+            assert_course_error(err)
+            assert arg in str(err), f"{case}({arg}={garbage!r}) gave {err!r}, which does not name {arg}"
+
+
+@pytest.mark.parametrize("field", ["vocab", "d_model", "heads", "layers", "d_ff", "context",
+                                   "compute_dtype", "remat"])
+@settings(max_examples=10, deadline=None)
+@given(garbage=GARBAGE)
+def test_lm_config_refuses_garbage_by_field(field, garbage):
+    lm = pytest.importorskip("tpu_course.lm")
+    try:
+        lm.LMConfig(**{field: garbage})
+    except Exception as err:  # noqa: BLE001
+        assert_course_error(err)
+        assert field in str(err) and "LMConfig" in str(err)

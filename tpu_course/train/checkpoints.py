@@ -72,6 +72,11 @@ def _check_state(state: Any, name: str) -> None:
         raise errors.CourseValueError(
             f"{name}={state!r}: expected a pytree of arrays (a TrainState, a dict of "
             "arrays), got one with no arrays in it.")
+    if len(leaves) == 1 and leaves[0] is state:
+        raise errors.CourseTypeError(
+            f"{name}: expected a pytree of arrays (a TrainState, a dict of arrays), got a single "
+            f"{_a(state)[2:] if _a(state).startswith('a ') else _a(state)[3:]}; wrap it, e.g. "
+            "{'w': x}.")
     for leaf in leaves:
         if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
             hint = f" (np.asarray({leaf!r}))" if isinstance(leaf, (int, float)) else ""
@@ -350,13 +355,14 @@ def saved_metadata(directory: str | os.PathLike, step: int | None = None) -> dic
     if step is None:
         if not steps:
             raise errors.CourseValueError(
-                f"no checkpoint in {directory} (the course's steps there: []); save one with "
-                f"save_checkpoint.{_describe_foreign(foreign)}")
+                f"no checkpoint in directory={str(directory)!r} (the course's steps there: []); "
+                f"save one with save_checkpoint.{_describe_foreign(foreign)}")
         step = steps[-1]
     step = errors.check_int("step", step, low=0)
     if step not in course:
-        raise errors.CourseValueError(f"no checkpoint of step {step} in {directory} (the "
-                                      f"course's steps there: {steps}).{_describe_foreign(foreign)}")
+        raise errors.CourseValueError(
+            f"no checkpoint of step {step} in directory={str(directory)!r} (the course's steps "
+            f"there: {steps}).{_describe_foreign(foreign)}")
     return _read_manifest(path, step, steps)["metadata"]
 
 
@@ -377,9 +383,9 @@ def restore_checkpoint(directory: str | os.PathLike, like: Any,
 
     path = check_directory(directory, "directory")
     if not path.is_dir():
-        raise errors.CourseValueError(f"directory={str(directory)!r} does not exist: no checkpoint "
-                                      "there; save one with save_checkpoint, or pass the folder "
-                                      "your checkpoints are in")
+        raise errors.CourseValueError(f"no checkpoint directory: directory={str(directory)!r} "
+                                      "does not exist; save one with save_checkpoint, or pass "
+                                      "the folder your checkpoints are in")
     _check_state(like, "like")
     course, foreign = step_folders(path)
     steps = list(course)
@@ -390,7 +396,8 @@ def restore_checkpoint(directory: str | os.PathLike, like: Any,
         step = steps[-1] if steps else None
     if step is None or step not in course:
         raise errors.CourseValueError(
-            f"no checkpoint{'' if step is None else f' of step {step}'} in {directory} "
+            f"no checkpoint{'' if step is None else f' of step {step}'} in directory="
+            f"{str(directory)!r} "
             f"(the course's steps there: {steps}); save one with save_checkpoint, or pass the "
             f"folder your checkpoints are in.{_describe_foreign(foreign)}")
     if newest_default:
