@@ -249,16 +249,16 @@ predicted_step_flops = 2 * macs * 3 * 64
 ### END SOLUTION
 
 # %% [markdown]
-# Record your prediction: you can change it and run this cell again until the
-# measurement below is shown; from then on it is locked.
+# Record your prediction, with the model it is about: you can change it and run this
+# cell again until the measurement below is shown; from then on it is locked.
 
 # %%
-ch05.LAB.predict("Exercise 2", predicted_params, predicted_step_flops)
+ch05.LAB.predict("Exercise 2", FashionModel, predicted_params, predicted_step_flops)
 
 # %% [markdown]
 # Now count: `models.count_params` sums the sizes of every `nnx.Param`, and XLA's cost
-# analysis counts the FLOPs of the compiled training step (the course's pure step of
-# chapter 5, `train.make_train_step`, with Adam, on this runtime). The cell shows them
+# analysis counts the FLOPs of the training step (the course's pure step of chapter 5,
+# `train.make_train_step`, with Adam, lowered for this runtime). The cell shows them
 # only once your prediction is recorded.
 
 # %%
@@ -297,9 +297,9 @@ ch05.check_prediction(FashionModel, predicted_params, predicted_step_flops)
 #    weighted like the loss, and the norm measured *before* clipping (what a training log
 #    shows, to tell how often the clip acts).
 #
-# The checker compares your update with a reference on batches, thresholds and
-# optimizers of its own, with the clip acting and not. (Why is it checked with plain SGD?
-# Think about what Adam does to a gradient that is scaled by a constant.)
+# The checker compares your update with a reference on batches, thresholds and learning
+# rates of its own, with plain SGD, with the clip acting and not. (Why plain SGD? Think
+# about what Adam does to a gradient that is scaled by a constant.)
 
 # %%
 @nnx.jit
@@ -394,11 +394,12 @@ ch05.check_fast_batches(fast_batches)
 #   of `batch_size` from your `fast_batches` (seed 0, a new `epoch` each pass, so
 #   shuffles and flips change), through `train.prefetch_to_device`, calling your
 #   `train_step` once per batch with `max_norm=ch05.MAX_GRAD_NORM`;
-# - it evaluates the trained model on all 10,000 test images, which it loads itself.
+# - your trained model predicts the classes of all 10,000 test images, and the check
+#   compares the predictions with the test labels, which your code never sees.
 #
-# It also compares every batch with the expected one, and a few steps with one honest
-# update, so the model learns from those 10,000 images and nothing else. On a 2-core CPU
-# the check takes well under a minute.
+# It also checks that every batch holds the expected training examples, so the model
+# learns from those 10,000 images and nothing else. On a 2-core CPU the check takes
+# about a minute.
 #
 # Choose `fashion_config = {"batch_size": ..., "learning_rate": ..., "warmup_steps":
 # ...}`. If you miss, think about the peak learning rate and the warm-up first, then
