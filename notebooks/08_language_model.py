@@ -86,7 +86,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from tpu_course import bench, comms, costs, errors, hardware, hlo, lm, profiling
 from tpu_course import textdata
-from tpu_course.lm import KVCache, LMConfig, check_tokens
+from tpu_course.lm import KVCache, LMConfig, check_config, check_tokens
 
 HAVE_TPU_COMPILER = hlo.tpu_compiler_available()
 print(f"jax {jax.__version__}, flax {flax.__version__}; "
@@ -209,7 +209,7 @@ class LM(nnx.Module):
     256)."""
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
-        self.config = config
+        self.config = check_config(config)
         d = config.d_model
         init = nnx.initializers.normal
         self.embed = nnx.Param(init(1.0)(rngs.params(), (config.vocab, d)))
@@ -246,7 +246,7 @@ class LM(nnx.Module):
     def decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Logits for ``tokens`` placed after the cache's ``length`` tokens, and the
         cache with their keys and values added. Equals ``model(all so far)[:, -s:]``."""
-        check_tokens(tokens, self.config, None)
+        check_tokens(tokens, self.config, None, cache=cache)
         caches = list(zip(cache.keys, cache.values))
         logits, new = self._forward(tokens, caches, cache.length)
         keys, values = zip(*new)
@@ -361,6 +361,8 @@ def make_optimizer(steps: int, *, peak_lr: float = 3e-3,
     ``steps``. Adam's two moments are float32, like the parameters they update.
     """
     steps = errors.check_int("steps", steps, low=1)
+    peak_lr = errors.check_number("peak_lr", peak_lr, low=0, low_open=True)
+    weight_decay = errors.check_number("weight_decay", weight_decay, low=0)
     warmup = steps // 10 if warmup_steps is None else errors.check_int(
         "warmup_steps", warmup_steps, low=0, high=steps - 1)
     schedule = optax.warmup_cosine_decay_schedule(
@@ -784,7 +786,7 @@ class KVCache(NamedTuple):
 
 def init_cache(config: LMConfig, batch: int, dtype: Any = jnp.float32) -> KVCache:
     """An empty cache for ``batch`` sequences of up to ``config.context`` tokens."""
-    batch = errors.check_int("batch", batch, low=1)
+    config, batch = check_config(config), errors.check_int("batch", batch, low=1)
     shape = (batch, config.context, config.heads, config.head_dim)
     empty = tuple(jnp.zeros(shape, dtype) for _ in range(config.layers))
     return KVCache(keys=empty, values=empty, length=jnp.zeros((), jnp.int32))

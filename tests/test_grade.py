@@ -387,6 +387,14 @@ def test_sandbox_hides_checkout_keys_output_and_visible_answers(tmp_path):
                           env=box.env("t", tmp_path))
     assert "grading" not in proc.stdout and "ch01.json" not in proc.stdout
     assert "tpu_course" in proc.stdout and "Read-only file system" in proc.stdout
+    labels = [p for d in grade._data_dirs() for p in pathlib.Path(d).glob("**/t10k-labels*")]
+    if labels:  # the evaluation labels read empty in the sandbox; the training ones do not
+        sizes = box.command(["/bin/sh", "-c", f"cat {labels[0]} 2>/dev/null | wc -c; "
+                                              f"wc -c < {labels[0].parent}/train-labels-idx1-ubyte.gz"],
+                            None)
+        said = subprocess.run(sizes, capture_output=True, text=True, timeout=60,
+                              env=box.env("t", tmp_path)).stdout.split()
+        assert said[0] == "0" and int(said[1]) > 0, said
 
 
 def test_grader_cannot_run_without_submissions(tmp_path):

@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import math
 import re
-import sys
 import warnings
 from typing import Any, Callable, NamedTuple
 
@@ -117,7 +116,7 @@ class KVCache(NamedTuple):
 
 def init_cache(config: LMConfig, batch: int, dtype: Any = jnp.float32) -> KVCache:
     """An empty cache for ``batch`` sequences of up to ``config.context`` tokens."""
-    batch = errors.check_int("batch", batch, low=1)
+    config, batch = check_config(config), errors.check_int("batch", batch, low=1)
     shape = (batch, config.context, config.heads, config.head_dim)
     empty = tuple(jnp.zeros(shape, dtype) for _ in range(config.layers))
     return KVCache(keys=empty, values=empty, length=jnp.zeros((), jnp.int32))
@@ -217,7 +216,7 @@ class LM(nnx.Module):
     256)."""
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
-        self.config = config
+        self.config = check_config(config)
         d = config.d_model
         init = nnx.initializers.normal
         self.embed = nnx.Param(init(1.0)(rngs.params(), (config.vocab, d)))
@@ -254,12 +253,21 @@ class LM(nnx.Module):
     def decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Logits for ``tokens`` placed after the cache's ``length`` tokens, and the
         cache with their keys and values added. Equals ``model(all so far)[:, -s:]``."""
-        check_tokens(tokens, self.config, None)
+        check_tokens(tokens, self.config, None, cache=cache)
         caches = list(zip(cache.keys, cache.values))
         logits, new = self._forward(tokens, caches, cache.length)
         keys, values = zip(*new)
         length = cache.length + tokens.shape[1]
         return logits, KVCache(tuple(keys), tuple(values), length)
+
+
+def check_config(config: Any) -> LMConfig:
+    """``config`` if it is an :class:`LMConfig`, else a course error that says so."""
+    if not isinstance(config, LMConfig):
+        raise errors.CourseTypeError(
+            f"config={config!r:.60}: expected an lm.LMConfig (the model's .config), got "
+            f"{type(config).__name__}.")
+    return config
 
 
 def check_tokens(tokens: Any, config: LMConfig, start: int | None, *,
@@ -268,19 +276,14 @@ def check_tokens(tokens: Any, config: LMConfig, start: int | None, *,
     values ``0..vocab - 1`` (checked where the values are known: outside ``jax.jit``);
     with ``start`` given, also unless it fits the context.
 
-    With ``start=None`` (``LM.decode``) the tokens go into ``cache`` (by default the
-    caller's local ``cache``: ``LM.decode``'s, whose code chapter 8 shows as it is): a
-    course error unless the cache was made for this model and batch and has room for
-    them. Without these checks JAX clamps what does not fit (a byte 300 reads row 255, a
+    With ``start=None`` (``LM.decode``) the tokens go into ``cache``: a course error
+    unless the cache was made for this model and batch and has room for them. Without these checks JAX clamps what does not fit (a byte 300 reads row 255, a
     token past a full cache overwrites the last slot) and returns wrong logits silently.
     ``name`` is what the messages call ``tokens`` (``generate`` says ``prompt``).
     """
     if start is not None:
         errors.check_int("start", start, low=0)
-    if not isinstance(config, LMConfig):
-        raise errors.CourseTypeError(
-            f"config={config!r}: expected an lm.LMConfig (the model's .config), got "
-            f"{type(config).__name__}.")
+    check_config(config)
     if isinstance(tokens, (str, bytes, bytearray)):
         text = bytes(tokens, "utf-8") if isinstance(tokens, str) else bytes(tokens)
         raise errors.CourseTypeError(
@@ -312,13 +315,8 @@ def check_tokens(tokens: Any, config: LMConfig, start: int | None, *,
                 f"{config.vocab - 1}, one per byte; JAX would clamp {bad} to "
                 f"{0 if bad < 0 else config.vocab - 1} without a word. Pass bytes, e.g. "
                 "list('text'.encode())")
-    if start is None:
-        caller = sys._getframe(1)
-        if cache is None and caller.f_code.co_name == "decode":
-            # LM.decode(tokens, cache), whose code chapter 8 shows as it is, passes no cache
-            cache = caller.f_locals.get("cache")
-        if cache is not None:
-            _check_cache(cache, config, shape)
+    if start is None and cache is not None:
+        _check_cache(cache, config, shape)
 
 
 def _concrete(x: Any) -> np.ndarray | None:
@@ -445,6 +443,8 @@ def make_optimizer(steps: int, *, peak_lr: float = 3e-3,
     ``steps``. Adam's two moments are float32, like the parameters they update.
     """
     steps = errors.check_int("steps", steps, low=1)
+    peak_lr = errors.check_number("peak_lr", peak_lr, low=0, low_open=True)
+    weight_decay = errors.check_number("weight_decay", weight_decay, low=0)
     warmup = steps // 10 if warmup_steps is None else errors.check_int(
         "warmup_steps", warmup_steps, low=0, high=steps - 1)
     schedule = optax.warmup_cosine_decay_schedule(
