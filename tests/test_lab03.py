@@ -216,6 +216,30 @@ def test_answers_of_the_wrong_kind_fail_with_a_hint(answer, words):
     expect_fail(ch03.check_jit_fix(answer), *words)
 
 
+@pytest.mark.parametrize(("title", "answer", "words"), [
+    ("Exercise 1", "python_if", ("TracerBoolConversionError", "no Python `if`")),
+    ("Exercise 1", lambda w, g, m: w - LR * g / jnp.linalg.norm(g) * jnp.minimum(
+        jnp.linalg.norm(g), m), ("a zero gradient has norm 0",)),
+    ("Exercise 3", lambda w, g, lr, step: w - lr * 0.5 ** (step // 100) * g,
+     ("not a jitted function", "jax.jit")),
+    ("Exercise 4", lambda p, X, Y: norms_vmap_of_norm(p, X, Y)[:, None], (ch03.NORMS_HINTS["flat"],)),
+    ("Exercise 4", lambda p, X, Y: norms_vmap_of_norm(p, X, Y)[:1], (ch03.NORMS_HINTS["one"],)),
+    ("Exercise 4", lambda p, X, Y: jnp.stack([norms_vmap_of_norm(p, X, Y)] * 4, 1),
+     (ch03.NORMS_HINTS["leaves"],)),
+    ("Exercise 4", lambda p, X, Y: jax.vmap(jax.grad(ch03.mlp_loss), (None, 0, 0))(p, X, Y),
+     (ch03.NORMS_HINTS["dict"],)),
+    ("Exercise 4", lambda p, X, Y: norms_vmap_of_norm(p, X, Y) * np.nan, ("NaN or inf",))])
+def test_mistakes_the_probes_and_rules_name(title, answer, words):
+    """Mistakes named without a wrong answer in the keys: their hints come from the probe,
+    the comparison or a rule, in grading and in the notebook."""
+    if answer == "python_if":
+        def answer(w, g, max_norm):
+            norm = jnp.sqrt(jnp.sum(g ** 2))
+            return w - LR * (g * (max_norm / norm) if norm > max_norm else g)
+    expect_fail(assess.graded(LAB, title, answer), *words)
+    expect_fail(ch03.LAB.find(title).check(answer), *words)
+
+
 def test_stubs_are_not_written():
     def stub(*args):
         raise NotImplementedError("Exercise 3: write your code here")
@@ -269,22 +293,22 @@ PORT_MISTAKES = {
     "fc2 weight not transposed": (port(_kept("fc2")), HINTS["params"], "transposed"),
     "conv kernel kept OIHW": (port(_kept("conv")), HINTS["params"], "OIHW"),
     "flatten order": (port(forward=_nhwc_flatten, loss=_ce(_nhwc_flatten)), HINTS["flatten"],
-                      "flatten order"),
+                      "channels-last"),
     "missing fc1 bias": (port(forward=lambda p, x: forward_nchw_inside(
         p | {"fc1": p["fc1"] | {"bias": 0 * p["fc1"]["bias"]}}, x)), HINTS["forward"], "bias"),
     "sum, not mean": (port(loss=lambda p, x, y: loss_by_hand(p, x, y) * x.shape[0]),
                       HINTS["loss"], "sum where the reference takes a mean"),
-    "updates not applied": (port(finish=lambda p, u, s, v: (p, s, v)), HINTS["unchanged"],
+    "updates not applied": (port(finish=lambda p, u, s, v: (p, s, v)), HINTS["apply"],
                             "unchanged"),
-    "updates returned": (port(finish=lambda p, u, s, v: (u, s, v)), HINTS["updates"],
+    "updates returned": (port(finish=lambda p, u, s, v: (u, s, v)), HINTS["apply"],
                          "returns the updates"),
     "updates subtracted": (port(finish=lambda p, u, s, v: (jax.tree.map(jnp.subtract, p, u), s, v)),
                            HINTS["sign"], "along the gradient"),
-    "lr 0.01": (port(optimizer=optax.sgd(0.01)), HINTS["scale"], "0.1 times as far"),
+    "lr 0.01": (port(optimizer=optax.sgd(0.01)), HINTS["sgd"], "0.1 times as far"),
     "a sign-based step": (port(optimizer=optax.chain(optax.scale_by_sign(), optax.scale(-LR))),
-                          HINTS["uniform"], "Adam (or sign-based)"),
+                          HINTS["sgd"], "Adam (or sign-based)"),
     "wrong return order": (port(finish=lambda p, u, s, v: (v, optax.apply_updates(p, u), s)),
-                           None, "wrong order"),
+                           None, "(loss, params, opt_state), not (params, opt_state, loss)"),
     "forward raises": (port(forward=lambda p, x: x @ p["fc1"]["kernel"]), None, "forward raised"),
     "missing layer": (port(forward=lambda p, x: {"fc2": forward_nchw_inside(p, x)["fc2"]}),
                       HINTS["missing"], "missing"),
