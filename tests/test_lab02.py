@@ -7,6 +7,7 @@ sleeps or depends on how busy the machine is; Exercise 4's live copies are faked
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import timeit
 from time import perf_counter as tick
@@ -19,6 +20,7 @@ import grading
 from tests import assess
 from tpu_course import hardware
 from tpu_course.checks import NotWritten, ch02
+from tpu_course.checks.engine import Mistake
 
 LAB = 2
 BYTES = math.prod(ch02.COPY_SHAPE) * 4
@@ -34,6 +36,84 @@ def _copies(monkeypatch):
 @pytest.mark.parametrize(("ex", "key", "mistake"), assess.mistakes(LAB))
 def test_each_mistake_is_named(ex, key, mistake):
     assess.assert_mistake_named(ex, key, mistake)
+
+
+def _timer(n=5, warm=True, wait=jax.block_until_ready, after=lambda out: out,
+           pick=statistics.median):
+    """A timer of fn(*args): a warm-up (or none), then n calls timed one by one, each waited
+    for with `wait` (`after` once its time is taken); `pick` of the times."""
+    def timer(fn, *args):
+        if warm:
+            wait(fn(*args))
+        seconds = []
+        for _ in range(n):
+            start = time.perf_counter()
+            out = wait(fn(*args))
+            seconds.append(time.perf_counter() - start)
+            after(out)
+        return pick(seconds)
+    return timer
+
+
+def _together(fn, *args):
+    """A warm-up, then 5 calls in flight together: their total time."""
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready([fn(*args) for _ in range(5)])
+    return time.perf_counter() - start
+
+
+def _first_leaf(out):
+    (out["small"] if isinstance(out, dict) else out[0] if isinstance(out, tuple) else out
+     ).block_until_ready()
+    return out
+
+
+_copy = lambda h, **how: _timer(**how)(jax.device_put, h)  # seconds of a copy
+_rate = lambda h: h.nbytes / _copy(h)
+#: Wrong timers and bandwidths, each with the start of the public rule's message naming it.
+WRONG_TIMERS = {"Exercise 2": (ch02._TIMER_RULES, [
+    ("your timed region", _timer(warm=False)),
+    ("you called fn once", _timer(1, warm=False)),
+    ("you timed a single", _timer(1)),
+    ("your timer never waited", _timer(wait=lambda out: out)),
+    ("your timer waited for one", _timer(wait=_first_leaf)),
+    ("you returned the total", _together),
+    ("your time is shorter", _timer(wait=lambda out: out, after=jax.block_until_ready)),
+    ("your time is about 1000x", lambda fn, *a: 1e3 * _timer()(fn, *a)),
+    ("your time is about 1e6", lambda fn, *a: 1e6 * _timer()(fn, *a)),
+    ("your answer was not measured",
+     lambda fn, *a: [jax.block_until_ready(fn(*a)) for _ in range(3)] and 0.031),
+    ("none of your clock readings",
+     lambda fn, *a: time.perf_counter() and [jax.block_until_ready(fn(*a))] and 0.031),
+    ("your function never called", lambda fn, *a: 0.031)]),
+    "Exercise 3": (ch02._LINK_RULES, [
+    ("your timer never waited", lambda h: h.nbytes / _copy(h, wait=lambda c: c)),
+    ("that is elements", lambda h: h.size / _copy(h)),
+    ("that is bits", lambda h: 8 * _rate(h)),
+    ("that is 8x too small", lambda h: _rate(h) / 8),
+    ("that is GB/s", lambda h: _rate(h) / 1e9),
+    ("that is GB/s", lambda h: _rate(h) / 2**30),
+    ("that is MB/s", lambda h: _rate(h) / 1e6),
+    ("that is 1000x too small", lambda h: _rate(h) / 1e3),
+    ("that is the seconds", _copy),
+    ("you divided the bytes of one", lambda h: h.nbytes / _together(jax.device_put, h)),
+    ("your answer includes the first",
+     lambda h: h.nbytes / _copy(h, warm=False, pick=statistics.mean)),
+    ("your code never called", lambda h: 7.3e9)])}
+WRONG = [pytest.param(title, next(h for _, m, h in rules if m.startswith(start)), answer,
+                      id=f"{title}-{start}") for title, (rules, answers) in WRONG_TIMERS.items()
+         for start, answer in answers]
+WRONG += [pytest.param("Exercise 4", hint, (f * BYTES / BW, BW), id=f"Exercise 4-{f:g}")
+          for f, hint in ch02._RATIOS if f != 1]
+WRONG += [pytest.param("Exercise 4", ch02._BACKWARDS.hint, (BW / BYTES, BW), id="Exercise 4-bw")]
+
+
+@pytest.mark.parametrize(("title", "hint", "answer"), WRONG)
+def test_each_wrong_timer_is_named_by_a_rule(title, hint, answer):
+    ex = ch02.LAB.find(title)
+    key = grading.keys(LAB).get(title, grading.Key())
+    assess.assert_mistake_named(ex, key, Mistake(hint, answer))
 
 
 def matmul_flops(m, k, n):
