@@ -102,7 +102,7 @@ def _trace_file(directory, blob, name="vm.trace.json.gz"):
 
 
 def _gz(value):
-    return gzip.compress(json.dumps(value).encode())
+    return gzip.compress(json.dumps(value).encode(), mtime=0)  # the same bytes on every worker
 
 
 X = {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 5, "name": "fusion.1"}
@@ -116,8 +116,8 @@ BAD_TRACES = [
     (_gz(42), "holds no list of trace events"),
     (_gz({"events": []}), "holds no list of trace events"),
     (b"not gzip at all", "cannot be read as gzip"),
-    (gzip.compress(b"{not json"), "is not JSON inside its gzip"),
-    (gzip.compress(b"\xff\xfe"), "is not JSON inside its gzip"),
+    (gzip.compress(b"{not json", mtime=0), "is not JSON inside its gzip"),
+    (gzip.compress(b"\xff\xfe", mtime=0), "is not JSON inside its gzip"),
     (_gz({"traceEvents": [X]})[:-6], "cannot be read as gzip"),  # cut short
 ]
 
