@@ -223,17 +223,15 @@ def test_ridge_refuses_what_is_not_the_roofline(value, words):
 
 # -- Exercise 2: its rules on data, its probe on 8 devices ------------------------------------
 
-GOOD = {"params": {"embed": (("data",), ()), "wq": (("data",), ("model",), ()),
-                   "wk": (("data",), ("model",), ()), "wv": (("data",), ("model",), ()),
-                   "wo": (("model",), (), ("data",))},
-        "collectives": ["all-gather", "all-reduce"]}
+GOOD = {"embed": (("data",), ()), "wq": (("data",), ("model",), ()),
+        "wk": (("data",), ("model",), ()), "wv": (("data",), ("model",), ()),
+        "wo": (("model",), (), ("data",))}
 
 
-def _data(losses, **changes):
-    params = {**GOOD["params"], **changes.pop("params", {})}
-    moments = {f"{n} {m}": a for n, a in params.items() for m in ("mu", "nu")}
-    return {"params": params, "moments": {**moments, **changes.pop("moments", {})},
-            "collectives": changes.pop("collectives", GOOD["collectives"]), "losses": losses}
+def _data(losses, params=(), moments=(), collectives=("all-gather", "all-reduce")):
+    axes = {**GOOD, **dict(params)}
+    axes |= {f"{n} {m}": a for n, a in list(axes.items()) for m in ("mu", "nu")} | dict(moments)
+    return {"axes": axes, "collectives": list(collectives), "losses": losses}
 
 
 @pytest.mark.parametrize(("changes", "words"), [
