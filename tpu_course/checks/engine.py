@@ -956,19 +956,21 @@ def hand_in(lab: Any, learner: Any = None) -> None:
     if not who or len(who) > 128 or not who.isprintable():
         said = ("is not a usable id (at most 128 characters, on one line)" if who else
                 "has no id yet")
-        print(f"This hand-in {said}: write the id your instructor asked for (your course "
-              "login or e-mail) between the quotes above, e.g. MY_ID = \"ada.lovelace\", and "
-              f"run this cell again (or set the {HAND_IN_ENV} environment variable).")
+        print(textwrap.fill(
+            f"This hand-in {said}: write the id your instructor asked for (your course "
+            "login or e-mail) between the quotes above, e.g. MY_ID = \"ada.lovelace\", and "
+            f"run this cell again (or set the {HAND_IN_ENV} environment variable).", WIDTH))
         return
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record = {"learner": who, "lab": number, "handed_in": when}
-    text = (f"Lab {number} handed in as {who!r} at {when}. Now save the notebook with this "
-            "output in it:\n"
+    text = (textwrap.fill(f"Lab {number} handed in as {who!r} at {when}. Now save the "
+                          "notebook with this output in it:", WIDTH) + "\n"
             "  Colab:   File > Download > Download .ipynb\n"
             "  Kaggle:  File > Download notebook\n"
             "  Jupyter: File > Save Notebook (the .ipynb file is what you hand in)\n"
-            "then upload that file where your instructor asked (a shared folder or the "
-            "course's assignment page). Run this cell again after any change.")
+            + textwrap.fill("then upload that file where your instructor asked (a shared "
+                            "folder or the course's assignment page). Run this cell again "
+                            "after any change.", WIDTH))
     try:
         from IPython import get_ipython
         from IPython.display import display
