@@ -1,7 +1,5 @@
-"""Lab 5 (a model, a step and a fast pipeline for Fashion-MNIST). Probes run the learner's code
-and return plain data; the truths come from course instruments (``models.count_params``, XLA's
-cost analysis, :func:`slow_batches`, the evaluation labels, which only ``expect`` sees). The
-reference step, hidden cases and mistakes live in ``grading/ch05.py``."""
+"""Lab 5 (a model, a step and a fast pipeline for Fashion-MNIST). Truths come from course
+instruments (count_params, XLA's cost analysis, slow_batches, labels only ``expect`` sees)."""
 
 from __future__ import annotations
 
@@ -96,11 +94,10 @@ def _probe_model(answer, case):
             out = _call(model, jnp.asarray(np.random.default_rng(n).random((n, 28, 28, 1)),
                                            jnp.float32))
         except Exception as err:  # noqa: BLE001 - a learner's model may raise anything
-            raise Wrong(f"calling the model on images of shape {(n, 28, 28, 1)} raised "
+            raise Wrong(f"on images of shape {(n, 28, 28, 1)} the model raised "
                         f"{type(err).__name__}: {str(err)[:200]}", "check each layer's input "
                         "size (28 -> 7 after two 2x2 poolings), flatten with x.reshape(x.shape"
-                        "[0], -1), keep Python decisions on array values out of __call__ "
-                        "(it runs under nnx.jit)") from None
+                        "[0], -1), no Python ifs on array values in __call__ (nnx.jit)") from None
         shapes.append(tuple(getattr(out, "shape", ())))
         outs.append(np.asarray(out, np.float64) if shapes[-1] else np.zeros(1))
     rows = [o for o in outs if o.ndim == 2]
@@ -274,8 +271,8 @@ check_train_step = LAB.add(Exercise(
 
 def _images(n, seed):
     rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (n, 28, 28)).astype(np.uint8), rng.integers(0, 10, n).astype(
-        np.int32)
+    x = rng.integers(0, 256, (n, 28, 28)).astype(np.uint8)
+    return x, rng.integers(0, 10, n).astype(np.int32)
 
 def _print(a):  # equal arrays, equal prints
     return hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=8).hexdigest()
@@ -319,8 +316,8 @@ def _probe_pipeline(answer, case):
     fast = answer["fast_batches"]
     if not callable(fast):
         raise Wrong(f"fast_batches should be a function, not a {type(fast).__name__}")
-    out = {"batches": _batches(fast, case.args)}
-    return out | ({"speedup": _fresh_speedup(fast)} if case.args.get("timed") else {})
+    return {"batches": _batches(fast, case.args)} | (
+        {"speedup": _fresh_speedup(fast)} if case.args.get("timed") else {})
 
 def _pipeline_compare(got, want, case):
     for (seed, epoch), g, w in zip(case.args["runs"], got["batches"], want["batches"]):
@@ -429,12 +426,11 @@ def _probe_training(answer, case):
     its predictions on the evaluation images (never their labels)."""
     train_x, train_y, eval_x, _ = _data(*(case.args[k] for k in ("source", "train", "evaluate")))
     bs, lr, warmup = _read_config(answer["fashion_config"], len(train_x))
-    key = [answer["FashionModel"], answer["train_step"], answer["fast_batches"], (bs, lr,
-                                                                                  warmup), case.args]
+    key = [answer[n] for n in LAB.find(5).provides[:3]] + [(bs, lr, warmup), case.args]
     if _LAST_RUN and all(x is y or x == y for x, y in zip(_LAST_RUN[0], key)):
         return _LAST_RUN[1]  # the scorecard re-runs the check: the same run as above
     layers, other = _sizes(model := _build(answer["FashionModel"]))
-    step, fast = answer["train_step"], answer["fast_batches"]
+    step, fast = key[1:3]
     if other or not 0 < sum(layers.values()) <= PARAM_BUDGET or not hasattr(step, "lower") \
             or not callable(fast):
         raise Wrong("the pieces of Exercises 1, 3 and 4 are not yet right (a model of at most "
