@@ -16,13 +16,15 @@ SECRET = "tests"
 
 
 def mistakes(lab: int) -> list[Any]:
-    """One pytest param per known mistake of lab ``lab`` given as a wrong answer."""
+    """One pytest param per known mistake of lab ``lab`` given as a wrong answer (marked
+    ``mistake``: the checker's logic, which the Colab line need not run again)."""
     params = []
     for ex in checks.lab(lab).exercises:
         key = grading.keys(lab).get(engine.short(ex.title), grading.Key())
         for i, m in enumerate(key.mistakes):
             if m.answer is not None:
-                params.append(pytest.param(ex, key, m, id=f"{engine.short(ex.title)}-{i}"))
+                params.append(pytest.param(ex, key, m, id=f"{engine.short(ex.title)}-{i}",
+                                           marks=pytest.mark.mistake))
     return params
 
 
