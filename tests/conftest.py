@@ -51,3 +51,36 @@ def fresh_checks_state():
 @pytest.fixture
 def subprocess_runner():
     return run_in_subprocess
+
+
+@pytest.fixture(scope="module")
+def compiled_once(tmp_path_factory):
+    """JAX's persistent compilation cache, in a fresh folder, for one test module.
+
+    A module whose tests build the same program several times (one config's ``fit``
+    repeated, interrupted and resumed) compiles it once: the next identical program is
+    loaded from the cache, the same executable, so every number it computes is the same.
+    The folder is this module's alone (no other process or earlier run can answer from
+    it), and JAX's settings are restored when the module ends. Where this JAX has no such
+    cache the tests run as they are, compiling each program.
+    """
+    import jax
+
+    try:
+        from jax._src import compilation_cache
+    except ImportError:  # pragma: no cover - a JAX without the module: compile each time
+        yield
+        return
+    settings = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
+                "jax_persistent_cache_min_compile_time_secs": 0.0,
+                "jax_persistent_cache_min_entry_size_bytes": 0}
+    before = {name: getattr(jax.config, name) for name in settings}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()  # read the settings again at the next compile
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()

@@ -1,6 +1,9 @@
 """Tests for tpu_course.train: pipelines, the step, evaluation, fit, checkpoints.
 
-Everything runs on the small MLP and synthetic data, so the whole file takes seconds.
+Everything runs on a small MLP and synthetic data, so the whole file takes seconds. A
+``fit`` costs its compilations: the tests that only read a tiny run's History share one
+run per pipeline (:func:`tiny_fit`), the tests of one step share one compiled step
+(:func:`adam`), and a program built again is loaded from the module's compilation cache.
 """
 
 from __future__ import annotations
@@ -34,12 +37,48 @@ def synthetic(n_train: int = 384, n_test: int = 203, seed: int = 0) -> types.Sim
                                  test_labels=yte, train_set="synthetic", name="synthetic")
 
 
-TINY = train.TrainConfig(model="mlp", epochs=2, batch_size=64, learning_rate=1e-3,
-                         warmup_steps=2, eval_batch_size=64, log_every=2, progress=False)
+# donate=False: fit skips the donation probe (seconds, once per process); it does not
+# change what a run computes. fit's donated runs, resumed bit for bit, are
+# tests/test_checkpoints.py's; the probe's agreement with a train step is test_runtime's.
+TINY = train.TrainConfig(model="mlp", mlp_hidden=(32,), epochs=2, batch_size=64,
+                         learning_rate=3e-3, warmup_steps=2, eval_batch_size=64, log_every=2,
+                         progress=False, donate=False)
+
+# The fits below repeat one config (shared, interrupted, resumed): each program is compiled
+# once and loaded after that (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("compiled_once")
 
 
 def small_mlp():
     return models.MLP(hidden=(32,), rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def tiny_fit():
+    """``tiny_fit(pipeline)``: the History of ``fit(TINY)`` with that pipeline, run once
+    per module (the tests that read it do not change it)."""
+    runs: dict[str, train.History] = {}
+
+    def get(pipeline: str) -> train.History:
+        if pipeline not in runs:
+            runs[pipeline] = train.fit(TINY.replace(pipeline=pipeline), data=synthetic())
+        return runs[pipeline]
+    return get
+
+
+@pytest.fixture(scope="module")
+def adam():
+    """One small MLP's fresh state, Adam and train step, the step jitted once (not donated)
+    for the tests that check what any step does; their batches are 64 examples."""
+    tx = optax.adam(3e-3)
+    graphdef, state = train.init_state(small_mlp(), tx)
+    fn = train.make_train_step(graphdef, tx)
+    return types.SimpleNamespace(tx=tx, graphdef=graphdef, state=state, fn=fn, step=jax.jit(fn))
+
+
+def full_batch(ds) -> train.Batch:
+    n = len(ds.train_labels)
+    return train.Batch(ds.train_images, ds.train_labels, np.ones(n, np.float32))
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -115,12 +154,10 @@ def test_prefetch_keeps_order_and_runs_ahead():
 # --------------------------------------------------------------------------- the step
 
 
-def test_train_step_equals_a_hand_written_optax_step():
-    ds = synthetic(64, 8)
-    batch = train.Batch(ds.train_images[:32], ds.train_labels[:32], np.ones(32, np.float32))
-    tx = optax.adam(1e-2)
-    graphdef, state = train.init_state(small_mlp(), tx)
-    new, metrics = jax.jit(train.make_train_step(graphdef, tx))(state, batch)
+def test_train_step_equals_a_hand_written_optax_step(adam):
+    batch = full_batch(synthetic(64, 8))
+    tx, graphdef = adam.tx, adam.graphdef
+    new, metrics = adam.step(adam.state, batch)
 
     # Reference: the model called directly, optax.adam by hand.
     model = small_mlp()
@@ -130,63 +167,59 @@ def test_train_step_equals_a_hand_written_optax_step():
         logits = nnx.merge(graphdef, p)(jnp.asarray(batch.images, jnp.float32)[..., None] / 255)
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels).mean()
 
-    value, grads = jax.value_and_grad(loss)(params)
-    updates, _ = tx.update(grads, tx.init(params), params)
-    want = optax.apply_updates(params, updates)
+    @jax.jit  # one program (op-by-op, each operation would be compiled on its own)
+    def reference(params):
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, _ = tx.update(grads, tx.init(params), params)
+        return value, optax.apply_updates(params, updates)
+
+    value, want = reference(params)
     np.testing.assert_allclose(metrics["loss"], value, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert int(new.step) == 1
 
 
-def test_loss_drops_on_a_fixed_batch():
-    ds = synthetic(64, 8)
-    batch = train.Batch(ds.train_images, ds.train_labels, np.ones(64, np.float32))
-    tx = optax.adam(3e-3)
-    graphdef, state = train.init_state(small_mlp(), tx)
-    step = jax.jit(train.make_train_step(graphdef, tx), donate_argnums=0)
+def test_loss_drops_on_a_fixed_batch(adam):
+    batch, state = full_batch(synthetic(64, 8)), adam.state
     losses = []
     for _ in range(20):
-        state, m = step(state, batch)
+        state, m = adam.step(state, batch)
         losses.append(float(m["loss"]))
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_padding_does_not_change_the_loss():
+def test_padding_does_not_change_the_loss(adam):
     ds = synthetic(40, 8)
-    tx = optax.sgd(0.1)
-    graphdef, state = train.init_state(small_mlp(), tx)
+    loss = jax.jit(lambda params, batch: train.loss_fn(params, adam.graphdef, batch)[0])
     x, y = ds.train_images, ds.train_labels
-    full = train.loss_fn(state.params, graphdef, train.Batch(x[:30], y[:30], np.ones(30)))[0]
+    full = loss(adam.state.params, train.Batch(x[:30], y[:30], np.ones(30)))
     w = np.r_[np.ones(30), np.zeros(10)].astype(np.float32)
-    padded = train.loss_fn(state.params, graphdef, train.Batch(x, y, w))[0]
+    padded = loss(adam.state.params, train.Batch(x, y, w))
     np.testing.assert_allclose(padded, full, rtol=1e-6)
 
 
-def test_bf16_compute_keeps_float32_parameters():
-    ds = synthetic(32, 8)
-    batch = train.Batch(ds.train_images, ds.train_labels, np.ones(32, np.float32))
-    tx = optax.adam(1e-3)
-    graphdef, state = train.init_state(small_mlp(), tx)
-    f32 = train.loss_fn(state.params, graphdef, batch)[0]
-    new, m = jax.jit(train.make_train_step(graphdef, tx, compute_dtype=jnp.bfloat16))(state, batch)
+def test_bf16_compute_keeps_float32_parameters(adam):
+    batch, state = full_batch(synthetic(64, 8)), adam.state
+    f32 = adam.step(state, batch)[1]["loss"]  # the float32 step's loss, before its update
+    new, m = jax.jit(train.make_train_step(adam.graphdef, adam.tx,
+                                           compute_dtype=jnp.bfloat16))(state, batch)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new.params))
     np.testing.assert_allclose(m["loss"], f32, rtol=2e-2)  # bf16 keeps ~3 decimal digits
 
 
-def test_device_epoch_equals_the_same_steps_run_one_by_one():
-    ds = synthetic(100, 8)
-    tx = optax.adam(1e-3)
-    graphdef, state = train.init_state(small_mlp(), tx)
-    step = train.make_train_step(graphdef, tx)
+def test_device_epoch_equals_the_same_steps_run_one_by_one(adam):
+    ds = synthetic(300, 8)  # 5 steps of 64, the last one padded (44 real examples)
     key = jax.random.key(7)
-    epoch = jax.jit(train.make_device_epoch(step, 100, 16, "pad"))
-    got, metrics = epoch(state, jnp.asarray(ds.train_images), jnp.asarray(ds.train_labels), key)
-    idx, w = map(np.asarray, train.device_epoch_indices(key, 100, 16, "pad"))
-    want, jstep = state, jax.jit(step)
+    epoch = jax.jit(train.make_device_epoch(adam.fn, 300, 64, "pad"))
+    got, metrics = epoch(adam.state, jnp.asarray(ds.train_images), jnp.asarray(ds.train_labels),
+                         key)
+    idx, w = map(np.asarray, train.device_epoch_indices(key, 300, 64, "pad"))
+    assert w[-1].sum() == 44
+    want = adam.state
     for i, ww in zip(idx, w):
-        want, _ = jstep(want, train.Batch(ds.train_images[i], ds.train_labels[i], ww))
-    assert metrics["loss"].shape == (7,)
+        want, _ = adam.step(want, train.Batch(ds.train_images[i], ds.train_labels[i], ww))
+    assert metrics["loss"].shape == (5,)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -213,8 +246,8 @@ def test_confusion_matrix_rows_are_true_classes():
 
 
 @pytest.mark.parametrize("pipeline", ["device", "prefetch"])
-def test_fit_tiny_config_learns(pipeline):
-    h = train.fit(TINY.replace(pipeline=pipeline), data=synthetic())
+def test_fit_tiny_config_learns(pipeline, tiny_fit):
+    h = tiny_fit(pipeline)
     assert len(h.epochs) == 2 and h.train_set == "synthetic: synthetic"
     assert h.steps[-1][1] < h.steps[0][1]  # loss every log_every steps goes down
     assert h.test_accuracy[-1] > 0.5 and h.train_loss[1] < h.train_loss[0]
@@ -233,8 +266,8 @@ def test_fit_tiny_config_learns(pipeline):
     assert ev.accuracy == pytest.approx(h.test_accuracy[-1])
 
 
-def test_time_to_accuracy_reads_the_first_epoch_at_target():
-    h = train.fit(TINY.replace(epochs=3), data=synthetic())
+def test_time_to_accuracy_reads_the_first_epoch_at_target(tiny_fit):
+    h = tiny_fit("device")
     target = h.test_accuracy[1]
     tta = train.time_to_accuracy(h, target)
     first = next(e for e in h.epochs if e.test_accuracy >= target)
@@ -243,13 +276,9 @@ def test_time_to_accuracy_reads_the_first_epoch_at_target():
     assert not train.time_to_accuracy(h, 1.01).reached
 
 
-def test_checkpoint_round_trip_resumes_exactly(tmp_path):
-    ds = synthetic(64, 8)
-    batch = train.Batch(ds.train_images, ds.train_labels, np.ones(64, np.float32))
-    tx = optax.adam(1e-3)
-    graphdef, state = train.init_state(small_mlp(), tx)
-    step = jax.jit(train.make_train_step(graphdef, tx))
-    state, _ = step(state, batch)
+def test_checkpoint_round_trip_resumes_exactly(tmp_path, adam):
+    batch, tx, step = full_batch(synthetic(64, 8)), adam.tx, adam.step
+    state, _ = step(adam.state, batch)
     train.save_checkpoint(tmp_path / "c", state, {"note": "after one step"})
     uninterrupted, m1 = step(state, batch)
     fresh = train.init_state(small_mlp(), tx)[1]
@@ -270,9 +299,9 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("pipeline", ["device", "prefetch"])
-def test_fit_resumes_from_checkpoint_bit_for_bit(tmp_path, pipeline):
+def test_fit_resumes_from_checkpoint_bit_for_bit(tmp_path, pipeline, tiny_fit):
     cfg = TINY.replace(pipeline=pipeline)
-    whole = train.fit(cfg, data=synthetic())
+    whole = tiny_fit(pipeline)
     # Interrupt the same 2-epoch run after epoch 1 (stop_at_accuracy=0 stops at once; the
     # learning-rate schedule is still the 2-epoch one), then resume from its checkpoint.
     half = train.fit(cfg.replace(stop_at_accuracy=0.0), data=synthetic(),
@@ -284,7 +313,7 @@ def test_fit_resumes_from_checkpoint_bit_for_bit(tmp_path, pipeline):
     for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(whole.state)):
         np.testing.assert_array_equal(a, b)
     # A different run may not continue this one, nor a fresh run overwrite it.
-    with pytest.raises(ValueError, match=r"different run: learning_rate=0.001 there, 0.002 here"):
+    with pytest.raises(ValueError, match=r"different run: learning_rate=0.003 there, 0.002 here"):
         train.fit(cfg.replace(learning_rate=2e-3), data=synthetic(), checkpoint_dir=tmp_path / "r",
                   resume=True)
     with pytest.raises(ValueError, match="already holds checkpoints.*resume=True"):
@@ -321,14 +350,14 @@ def test_sgd_in_order_is_plain_sgd_on_the_first_batches():
     np.testing.assert_allclose([s[1] for s in h.steps], want, rtol=1e-6)
 
 
-def test_command_line_turns_flags_into_the_config(monkeypatch, capsys):
+def test_command_line_turns_flags_into_the_config(monkeypatch, capsys, tiny_fit):
     from tpu_course.train import __main__ as cli
 
-    seen, real_fit = {}, train.fit
+    seen, history = {}, tiny_fit("prefetch")
 
     def fake_fit(config, **kwargs):  # the flags' config, recorded; a tiny run, printed
         seen.update(config=config, **kwargs)
-        return real_fit(TINY.replace(epochs=1, pipeline="prefetch"), data=synthetic())
+        return history
 
     monkeypatch.setattr(train, "fit", fake_fit)
     assert cli.main(["--quick", "--epochs", "1", "--bf16", "--pipeline", "device",
