@@ -35,10 +35,7 @@ TEST_FILE_BUDGET_CPU_S = 30.0
 #: a tenth above what they measured in a serial run on a busy 2-core machine). Each one
 #: owes the suite that work: share what its tests recompute (one trained state, one
 #: compiled step), then delete its line here.
-OVER_BUDGET_CPU_S: dict[str, float] = {
-    "tests/test_train.py": 65.0,  # measured 58.3 CPU-s
-    "tests/test_parallel.py": 40.0,  # measured 35.6 CPU-s
-}
+OVER_BUDGET_CPU_S: dict[str, float] = {}
 
 NOTEBOOK_BUDGET_S = 120.0
 #: Notebooks with a budget of their own (path from the repository root: seconds).

@@ -48,7 +48,7 @@ def fresh_checks_state():
         state.clear()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # session: module fixtures may run their subprocess once
 def subprocess_runner():
     return run_in_subprocess
 

@@ -6,6 +6,8 @@ XLA compiled (tpu_course.hlo); the reference for the numbers is the single-devic
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -70,14 +72,14 @@ def _check(out):
     assert [k for k, _ in out["fsdp"][0]] == ["all-gather", "all-reduce", "reduce-scatter"]
 
 
-def test_hlo_collectives_equal_cost_model_simulated_cpu(subprocess_runner):
-    _check(subprocess_runner(HLO_VS_COMMS.format(target=None), devices=8, timeout_s=240))
+def test_hlo_collectives_equal_cost_model_simulated_cpu(eight_devices):
+    _check(eight_devices["hlo_vs_comms_cpu"])
 
 
-def test_hlo_collectives_equal_cost_model_compile_only_v5e(subprocess_runner):
+def test_hlo_collectives_equal_cost_model_compile_only_v5e(eight_devices):
     if not hlo.tpu_compiler_available():
         pytest.skip(hlo.tpu_compiler_problem())
-    _check(subprocess_runner(HLO_VS_COMMS.format(target="v5e:2x4"), devices=8, timeout_s=300))
+    _check(eight_devices["hlo_vs_comms_v5e"])
 
 
 ANNOTATED = """
@@ -111,10 +113,10 @@ def _plan(strategy):
                                          devices=8, batch=64, d_out=256).by_kind().items())
 
 
-def test_annotated_block_collectives_simulated_cpu(subprocess_runner):
+def test_annotated_block_collectives_simulated_cpu(eight_devices):
     """By annotations alone, XLA's CPU backend emits what the cost model predicts for DP and
     TP; for FSDP the same bytes, with the gradients all-reduced (not reduce-scattered)."""
-    out = subprocess_runner(ANNOTATED.format(target=None), devices=8, timeout_s=240)
+    out = eight_devices["annotated_cpu"]
     assert _got(out["dp"]) == _plan("dp")
     assert _got(out["tp"]) == _plan("tp")
     fsdp = dict(_got(out["fsdp"]))
@@ -126,10 +128,10 @@ def test_annotated_block_collectives_simulated_cpu(subprocess_runner):
         assert out[s + "_rel"] < 2e-5
 
 
-def test_annotated_block_fsdp_reduce_scatters_on_v5e(subprocess_runner):
+def test_annotated_block_fsdp_reduce_scatters_on_v5e(eight_devices):
     if not hlo.tpu_compiler_available():
         pytest.skip(hlo.tpu_compiler_problem())
-    out = subprocess_runner(ANNOTATED.format(target="v5e:2x4"), devices=8, timeout_s=300)
+    out = eight_devices["annotated_v5e"]
     assert _got(out["fsdp"]) == _plan("fsdp")
 
 
@@ -178,8 +180,8 @@ print(json.dumps(out))
 """
 
 
-def test_sharded_training_matches_single_device_ring_and_pipeline(subprocess_runner):
-    out = subprocess_runner(SHARDED_PARITY, devices=8, timeout_s=240)
+def test_sharded_training_matches_single_device_ring_and_pipeline(eight_devices):
+    out = eight_devices["sharded_parity"]
     for s in ("dp", "fsdp", "tp"):
         np.testing.assert_allclose(out[s], out["ref"], rtol=1e-5, err_msg=s)
         assert out[s + "_w1"] < 1e-5, s
@@ -205,10 +207,42 @@ print(json.dumps(out))
 """
 
 
-def test_chapter5_model_sharded_three_ways_matches_single_device(subprocess_runner):
-    out = subprocess_runner(CHAPTER5, devices=8, timeout_s=240)
+def test_chapter5_model_sharded_three_ways_matches_single_device(eight_devices):
+    out = eight_devices["chapter5"]
     for s in ("dp", "fsdp", "tp"):
         np.testing.assert_allclose(out[s], out["single"], rtol=2e-5, err_msg=s)
+
+
+def _part(name: str, script: str) -> str:
+    """``script`` (which prints its ``out`` as JSON) as a function whose result is kept
+    under ``name``; a part that raises is kept as its traceback, for its own test."""
+    body = script.replace("print(json.dumps(out))", "return out")
+    return (f"def {name}():\n" + textwrap.indent(body, "    ") +
+            f"\ntry:\n    RESULTS[{name!r}] = {name}()\nexcept Exception:\n"
+            f"    RESULTS[{name!r}] = {{'error': traceback.format_exc()}}\n")
+
+
+@pytest.fixture(scope="module")
+def eight_devices(subprocess_runner):
+    """Every 8-device program above, run in one fresh interpreter with 8 simulated CPU
+    devices (one JAX start-up instead of one per test): each test reads its part's output."""
+    parts = {"hlo_vs_comms_cpu": HLO_VS_COMMS.format(target=None),
+             "annotated_cpu": ANNOTATED.format(target=None),
+             "sharded_parity": SHARDED_PARITY, "chapter5": CHAPTER5}
+    if hlo.tpu_compiler_available():
+        parts.update(hlo_vs_comms_v5e=HLO_VS_COMMS.format(target="v5e:2x4"),
+                     annotated_v5e=ANNOTATED.format(target="v5e:2x4"))
+    code = "import json, traceback\nRESULTS = {}\n" + "".join(
+        _part(name, script) for name, script in parts.items()) + "print(json.dumps(RESULTS))\n"
+    results = subprocess_runner(code, devices=8, timeout_s=540)
+
+    class Parts(dict):
+        def __getitem__(self, name):
+            out = super().__getitem__(name)
+            if isinstance(out, dict) and set(out) == {"error"}:
+                raise AssertionError(f"{name} failed in the subprocess:\n{out['error']}")
+            return out
+    return Parts(results)
 
 
 def test_make_mesh_too_big_says_what_to_do():
