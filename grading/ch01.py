@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -11,365 +12,187 @@ from tpu_course import systolic
 from tpu_course.checks.ch01 import GEMM, _cycle_case, _tiled_case
 from tpu_course.checks.engine import Case, Mistake
 
+ARRAYS = ((128, 256), (256, 128), (64, 128), (128, 64))  #: Exercises 4 and 5's hidden arrays
 
-def _non_square(rng: np.random.Generator, low: int = 2, high: int = 6) -> tuple[int, int]:
+def _key(make, hidden, table) -> Key:  # make() is right, make(**kw) the mistake hint names
+    return Key(make(), hidden, [Mistake(hint, make(**kw)) for hint, kw in table])
+
+def _non_square(rng, low=2, high=6):
     rows = int(rng.integers(low, high + 1))
     return rows, int(rng.choice([c for c in range(low, high + 1) if c != rows]))
 
-
-# -- Exercise 1 ----------------------------------------------------------------------------
-
-
-def make_cycle(feed=lambda s, r, rows: s - r, move="right", psum="down", wrap=False, clip=False):
-    """A ``ws_cycle`` that feeds the edge with ``feed(s, row)`` as index into a, moves the
-    activations as ``move`` says and updates the partial sums as ``psum`` says: the right
-    one by default, each other choice a known mistake."""
-
-    def ws_cycle(w, act, psum_in, a, s):
-        rows = w.shape[0]
-        m, k = a.shape
+# -- Exercise 1 -------------------------------------------------------------------------------
+def make_cycle(skew="k", late=0, edge="zero", move="right", psum="down", swap=False):
+    """A ``ws_cycle``: right with the defaults, each other choice a known mistake."""
+    def ws_cycle(w, act, p, a, s):
+        (m, k), rows = a.shape, w.shape[0]
         x = np.zeros(rows, act.dtype)
         for r in range(min(rows, k)):
-            i = feed(s, r, rows)
-            if clip:
-                x[r] = a[min(max(i, 0), m - 1), r]
-            elif (-m <= i < m) if wrap else (0 <= i < m):
-                x[r] = a[i, r]
+            i = s - late - {"k": r, "none": 0, "reversed": rows - 1 - r}[skew]
+            if edge == "clip" or (-m if edge == "wrap" else 0) <= i < m:
+                x[r] = a[min(max(i, 0), m - 1) if edge == "clip" else i, r]
         new = {"right": lambda: np.hstack([x[:, None], act[:, :-1]]),
-               "from the right": lambda: np.hstack([act[:, 1:], x[:, None]]),
-               "broadcast": lambda: np.repeat(x[:, None], act.shape[1], axis=1),
+               "left": lambda: np.hstack([act[:, 1:], x[:, None]]),
+               "all": lambda: np.repeat(x[:, None], act.shape[1], axis=1),
                "stays": lambda: np.hstack([x[:, None], act[:, 1:]])}[move]()
-        down = np.vstack([np.zeros_like(psum_in[:1]), psum_in[:-1]])
-        out = {"down": lambda: down + new * w, "stays": lambda: psum_in + new * w,
-               "fresh": lambda: new * w,
-               "up": lambda: np.vstack([psum_in[1:], np.zeros_like(psum_in[:1])]) + new * w,
-               "wraps": lambda: np.roll(psum_in, 1, axis=0) + new * w,
-               "old activations": lambda: down + act * w}[psum]()
-        return new, out
-
+        zero = np.zeros_like(p[:1])
+        out = {"stays": lambda: p, "fresh": lambda: 0, "up": lambda: np.vstack([p[1:], zero]),
+               "wraps": lambda: np.roll(p, 1, 0)}.get(psum, lambda: np.vstack([zero, p[:-1]]))()
+        out = out + (act if psum == "old" else new) * w
+        return (out, new) if swap else (new, out)
     return ws_cycle
 
-
 def _ex1_hidden(rng):
-    def seed():
-        return int(rng.integers(1 << 30))
+    i = lambda lo, hi=None: int(rng.integers(lo, hi))
+    (r, c), cases = sorted(_non_square(rng, 2, 5), reverse=True), []
+    cases.append(_cycle_case(r, c, i(r, r + 4), r, c, i(1 << 30), "a tall array"))
+    r, c = sorted(_non_square(rng))
+    cases.append(_cycle_case(r, c, i(2, 7), max(1, r - 1), c - 1, i(1 << 30),
+                             "a wide array holding a smaller tile of b"))
+    s = i(3, 6)
+    cases.append(_cycle_case(s, s, i(1, s), s, s, i(1 << 30), "a batch shorter than the array"))
+    r, c = _non_square(rng, 2, 5)
+    return cases + [_cycle_case(r, c, i(2, 6), r, c, i(1 << 30), "a non-square array", random=True)]
 
-    rows, cols = sorted(_non_square(rng, 2, 5), reverse=True)
-    tall = _cycle_case(rows, cols, int(rng.integers(rows, rows + 4)), rows, cols, seed(),
-                       "a tall non-square array")
-    rows, cols = sorted(_non_square(rng, 2, 6))
-    wide = _cycle_case(rows, cols, int(rng.integers(2, 7)), max(1, rows - 1), cols - 1, seed(),
-                       "a wide array holding a smaller tile of b")
-    side = int(rng.integers(3, 6))
-    short = _cycle_case(side, side, int(rng.integers(1, side)), side, side, seed(),
-                        "a batch shorter than the array")
-    rows, cols = _non_square(rng, 2, 5)
-    anything = _cycle_case(rows, cols, int(rng.integers(2, 6)), rows, cols, seed(),
-                           "a non-square array", random=True)
-    return [tall, wide, short, anything]
+EX1 = _key(make_cycle, _ex1_hidden, [  # (hint, make_cycle's arguments)
+    ("no skew: row k starts k cycles late, to meet the sum from the row above", {"skew": "none"}),
+    ("the skew runs the wrong way: row 0 starts first, row k k cycles later", {"skew": "reversed"}),
+    ("your activations enter one cycle late: at s = 0, a[0, 0] is in cell (0, 0)", {"late": 1}),
+    ("off by one cycle: your activations enter one cycle early", {"late": -1}),
+    ("the edge feeds 0 while s - k < 0: a negative index wraps to the end of a", {"edge": "wrap"}),
+    ("outside 0 <= s - k < M the edge feeds 0, not a's first or last row again", {"edge": "clip"}),
+    ("activations enter at column 0 and move one column right a cycle, not left", {"move": "left"}),
+    ("an activation moves one column per cycle, not to every column at once", {"move": "all"}),
+    ("the activations do not move: column j takes what column j - 1 held", {"move": "stays"}),
+    ("a cell adds its product to the sum the cell above held, not to its own", {"psum": "stays"}),
+    ("a cell's new sum is the sum from the cell above plus its product", {"psum": "fresh"}),
+    ("the partial sums move down one row per cycle (row 0 from 0), not up", {"psum": "up"}),
+    ("the partial sums wrap around (np.roll?): row 0 starts from 0 every cycle", {"psum": "wraps"}),
+    ("multiply the activation after it moved, not the one from before", {"psum": "old"}),
+    ("your registers come back in the wrong order: return act, psum", {"swap": True})])
 
-
-def _swapped(w, act, psum, a, s):
-    new_act, new_psum = make_cycle()(w, act, psum, a, s)
-    return new_psum, new_act
-
-
-EX1 = Key(
-    reference=make_cycle(),
-    hidden=_ex1_hidden,
-    mistakes=[
-        Mistake("no skew: every row got row s of a in the same cycle; row k starts k cycles "
-                "late, so an activation meets the partial sum coming down from the row above",
-                make_cycle(feed=lambda s, r, rows: s)),
-        Mistake("the skew runs the wrong way: row 0 starts first and row k starts k cycles "
-                "after it", make_cycle(feed=lambda s, r, rows: s - (rows - 1 - r))),
-        Mistake("off by one cycle: your activations enter one cycle late (at stream cycle "
-                "s = 0, a[0, 0] is already in cell (0, 0))", make_cycle(feed=lambda s, r, rows: s - r - 1)),
-        Mistake("off by one cycle: your activations enter one cycle early",
-                make_cycle(feed=lambda s, r, rows: s - r + 1)),
-        Mistake("before a row's first activation its edge feeds 0: with s - k < 0, a[s - k] "
-                "reads a row from the end of a (a negative index wraps around)",
-                make_cycle(wrap=True)),
-        Mistake("outside 0 <= s - k < M the edge feeds 0, not the first or last row of a again",
-                make_cycle(clip=True)),
-        Mistake("the activations enter at the right edge and move left: they enter at column "
-                "0 and move one column right per cycle", make_cycle(move="from the right")),
-        Mistake("every column got the edge's value in the same cycle: an activation moves one "
-                "column per cycle", make_cycle(move="broadcast")),
-        Mistake("the activations do not move: each cycle column j takes what column j - 1 held",
-                make_cycle(move="stays")),
-        Mistake("partial sums not passed down: each cell adds its product to the sum the cell "
-                "above held in the previous cycle, not to its own", make_cycle(psum="stays")),
-        Mistake("partial sums not passed down: a cell's new sum is the sum from the cell above "
-                "plus its own product, not its product alone", make_cycle(psum="fresh")),
-        Mistake("the partial sums move up: they move down one row per cycle, row 0 starting "
-                "from 0", make_cycle(psum="up")),
-        Mistake("the partial sums wrap around (np.roll?): row 0 starts from 0 every cycle",
-                make_cycle(psum="wraps")),
-        Mistake("the product used the activation from before it moved: move the activations "
-                "first, then multiply what is in the cell now", make_cycle(psum="old activations")),
-        Mistake("your registers come back in the wrong order: return act, psum", _swapped),
-    ])
-
-
-# -- Exercise 2 ----------------------------------------------------------------------------
-
-
-def make_tiled(step_k=True, accumulate=True, remainder=True, from_runs=True):
+# -- Exercise 2 -------------------------------------------------------------------------------
+def make_tiled(step_k=True, accumulate=True, remainder=True, from_runs=True, swap=False):
     def tiled_matmul(a, b, rows, cols, sim=systolic.simulate):
-        m, k = a.shape
-        n = b.shape[1]
+        (m, k), n = a.shape, b.shape[1]
+        tk, tn = (cols, rows) if swap else (rows, cols)
         out = np.zeros((m, n), np.int64)
-        k_end = k if remainder else k - k % rows or k
-        n_end = n if remainder else n - n % cols or n
-        for n0 in range(0, n_end, cols):
-            for k0 in range(0, k_end, rows if step_k else 1):
-                run = sim(a[:, k0:k0 + rows], b[k0:k0 + rows, n0:n0 + cols], rows, cols)
-                if accumulate:
-                    out[:, n0:n0 + cols] += run.result
-                else:
-                    out[:, n0:n0 + cols] = run.result
+        for n0 in range(0, n if remainder else n - n % tn or n, tn):
+            for k0 in range(0, k if remainder else k - k % tk or k, tk if step_k else 1):
+                result = sim(a[:, k0:k0 + tk], b[k0:k0 + tk, n0:n0 + tn], rows, cols).result
+                out[:, n0:n0 + tn] = result + (out[:, n0:n0 + tn] if accumulate else 0)
         return out if from_runs else a @ b
-
     return tiled_matmul
-
 
 def _ex2_hidden(rng):
     cases = []
-    for kind in ("wide", "tall", "exact"):
+    for kind in ("wide", "tall", "exact"):  # K and N multiples of the array only when exact
         rows, cols = _non_square(rng)
-        if kind != "exact" and (kind == "wide") == (rows > cols):
-            rows, cols = cols, rows
-        m = int(rng.integers(1, 9))
-        if kind == "exact":
-            k, n = rows * int(rng.integers(2, 4)), cols * int(rng.integers(2, 4))
-        else:
-            k = rows * int(rng.integers(1, 4)) + int(rng.integers(1, rows))
-            n = cols * int(rng.integers(1, 4)) + int(rng.integers(1, cols))
-        cases.append(_tiled_case(rows, cols, (m, k, n), int(rng.integers(1 << 20)),
-                                 f"a {kind} non-square array"))
+        if kind != "exact":
+            rows, cols = sorted((rows, cols), reverse=kind == "tall")
+        m, (k, n) = int(rng.integers(1, 9)), (x * int(rng.integers(2, 4)) if kind == "exact" else
+                                              x * int(rng.integers(1, 4)) + int(rng.integers(1, x))
+                                              for x in (rows, cols))
+        cases.append(_tiled_case(rows, cols, (m, k, n),
+                                 int(rng.integers(1 << 20)), f"a {kind} non-square array"))
     return cases
 
+EX2 = _key(make_tiled, _ex2_hidden, [  # (hint, make_tiled's arguments)
+    ("the K tiles of one output block add up: out[...] += ..., not =", {"accumulate": False}),
+    ("the partial tiles at the end of K and N still go through sim", {"remainder": False}),
+    ("sim multiplied some products more than once: the K loop steps by rows", {"step_k": False}),
+    ("assemble the output from each tile's run.result, not a @ b", {"from_runs": False}),
+    ("the array's rows hold K and its columns N: cut b into rows x cols tiles", {"swap": True})])
 
-def _swap_tiles(a, b, rows, cols, sim):
-    """Tiles of b cut cols (not rows) along K and rows along N."""
-    m, k = a.shape
-    n = b.shape[1]
-    out = np.zeros((m, n), np.int64)
-    for n0 in range(0, n, rows):
-        for k0 in range(0, k, cols):
-            out[:, n0:n0 + rows] += sim(a[:, k0:k0 + cols], b[k0:k0 + cols, n0:n0 + rows],
-                                        rows, cols).result
-    return out
+# -- Exercise 3 -------------------------------------------------------------------------------
+def _gemm(timing="tpu", padded=False, scale=1) -> tuple:
+    (m, k, n), pad = GEMM, lambda x, s: math.ceil(x / s) * s if padded else x
+    runs = {s: (systolic.cycle_count(m, k, n, s, s, "ws", timing),
+                scale * systolic.utilization(m, pad(k, s), pad(n, s), s, s, "ws", timing))
+            for s in (128, 256)}
+    return (*runs.values(), min(runs, key=runs.get))
 
+EX3 = _key(_gemm, None, [  # (hint, _gemm's arguments)
+    ("that is SCALE-Sim's count, folds one after another; the MXU loads the next fold's weights "
+     "while one streams, so folds are max(T, R) apart", {"timing": "scalesim"}),
+    ("you counted the padded MACs as useful: only M*K*N are", {"padded": True}),
+    ("give the utilisation as a fraction between 0 and 1, not a percentage", {"scale": 100})])
 
-EX2 = Key(
-    reference=make_tiled(),
-    hidden=_ex2_hidden,
-    mistakes=[
-        Mistake("only one K tile's partial sums are in the result: the K tiles of one output "
-                "block add up (out[...] += ..., not =)", make_tiled(accumulate=False)),
-        Mistake("the last, partial tiles are missing: when K or N is not a multiple of the "
-                "array, the remainder is a smaller tile that still goes through sim",
-                make_tiled(remainder=False)),
-        Mistake("sim multiplied some products more than once: the K loop steps by rows",
-                make_tiled(step_k=False)),
-        Mistake("your result does not come from sim's runs (a @ b at the end?): assemble the "
-                "output from each tile's run.result", make_tiled(from_runs=False)),
-        Mistake("the array's rows hold K and its columns N: cut b into rows x cols tiles, "
-                "not cols x rows", _swap_tiles),
-    ])
-
-
-# -- Exercise 3 ----------------------------------------------------------------------------
-
-
-def _gemm(count) -> tuple:
-    m, k, n = GEMM
-    pairs = []
-    for side in (128, 256):
-        cycles = count(m, k, n, side)
-        pairs.append((cycles, m * k * n / (side * side * cycles)))
-    return (*pairs, 128 if pairs[0][0] < pairs[1][0] else 256)
-
-
-def _tpu(m, k, n, side):
-    folds = math.ceil(k / side) * math.ceil(n / side)
-    return side + (folds - 1) * max(m, side) + m + side + side - 2
-
-
-def _padded(count):
-    m, k, n = GEMM
-    pairs = []
-    for side in (128, 256):
-        cycles = count(m, k, n, side)
-        kp, np_ = math.ceil(k / side) * side, math.ceil(n / side) * side
-        pairs.append((cycles, m * kp * np_ / (side * side * cycles)))
-    return (*pairs, 256)
-
-
-EX3 = Key(
-    reference=_gemm(_tpu),
-    mistakes=[
-        Mistake("you let every fold load its weights and drain before the next starts "
-                "(SCALE-Sim's count); the MXU loads the next fold's weights while the current "
-                "one streams, so folds follow each other max(T, R) apart",
-                _gemm(lambda m, k, n, s: systolic.cycle_count(m, k, n, s, s, "ws", "scalesim"))),
-        Mistake("you counted the padded MACs as useful: only M*K*N are", _padded(_tpu)),
-        Mistake("your utilisation looks like a percentage: give it as a fraction between 0 "
-                "and 1", tuple((c, 100 * u) for c, u in _gemm(_tpu)[:2]) + (256,)),
-    ])
-
-
-# -- Exercise 4 ----------------------------------------------------------------------------
-
-
-def make_batch(timing="tpu", padded_useful=False, swap=False, target=0.9):
+# -- Exercise 4 -------------------------------------------------------------------------------
+def make_batch(timing="tpu", padded=False, swap=False, off=0, at_rows=False):
+    """The smallest M with utilisation >= 0.9 (None if none); the defaults are right."""
     def smallest_batch(K, N, rows, cols):
-        if swap:
-            rows, cols = cols, rows
-        kp, np_ = math.ceil(K / rows) * rows, math.ceil(N / cols) * cols
-        useful = kp * np_ if padded_useful else K * N
-        if useful / (kp * np_) < target:
+        R, C = (cols, rows) if swap else (rows, cols)
+        kp, np_ = math.ceil(K / R) * R, math.ceil(N / C) * C
+        dims = (kp, np_) if padded else (K, N)
+        util = lambda m: systolic.utilization(m, *dims, R, C, "ws", timing)
+        if (not padded and K * N / (kp * np_) < 0.9) or util(1 << 34) < 0.9:
             return None
-
-        def util(m):
-            if timing == "scalesim":
-                return systolic.utilization(m, K, N, rows, cols, "ws", "scalesim")
-            folds = (kp // rows) * (np_ // cols)
-            return m * useful / (rows * cols * (rows + (folds - 1) * max(m, rows) + m
-                                                + rows + cols - 2))
-
-        hi = 1
-        while util(hi) < target:
-            hi *= 2
-            if hi > 1 << 34:
-                return None
-        lo = hi // 2 + 1 if hi > 1 else 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if util(mid) >= target else (mid + 1, hi)
-        return lo
-
+        m = 1 + bisect.bisect_left(range(1, 1 << 34), True, key=lambda m: util(m) >= 0.9)
+        return rows if at_rows else m + off
     return smallest_batch
 
-
 def _ex4_hidden(rng):
-    arrays = ((128, 256), (256, 128), (64, 128), (128, 64))
-    cases = []
-    r, c = arrays[int(rng.integers(len(arrays)))]
-    K, N = int(rng.integers(6, 20)) * r - int(rng.integers(0, max(2, r // 32))), int(rng.integers(6, 20)) * c
-    cases.append(("a layer with many folds", K, N, r, c))
-    r, c = arrays[int(rng.integers(len(arrays)))]
-    K, N = r - int(rng.integers(0, r // 32 + 1)), c - int(rng.integers(0, c // 32 + 1))
-    cases.append(("a one-fold layer", K, N, r, c))
-    r, c = arrays[int(rng.integers(len(arrays)))]
-    K, N = int(rng.integers(2, 6)) * r + r // 4, int(rng.integers(2, 6)) * c
-    cases.append(("a layer whose padding wastes much", K, N, r, c))
-    return [Case(f"{label}, K={K}, N={N} on a non-square {r}x{c} array",
-                 {"K": K, "N": N, "rows": r, "cols": c}) for label, K, N, r, c in cases]
+    i, cases = lambda lo, hi: int(rng.integers(lo, hi)), []
+    for label, size in (  # (K, N) on an r x c array
+            ("many folds", lambda r, c: (i(6, 20) * r - i(0, max(2, r // 32)), i(6, 20) * c)),
+            ("one fold", lambda r, c: (r - i(0, r // 32 + 1), c - i(0, c // 32 + 1))),
+            ("padding that wastes much", lambda r, c: (i(2, 6) * r + r // 4, i(2, 6) * c))):
+        r, c = ARRAYS[i(0, len(ARRAYS))]
+        K, N = size(r, c)
+        cases.append(Case(f"a layer with {label}, K={K}, N={N} on a non-square {r}x{c} array",
+                          {"K": K, "N": N, "rows": r, "cols": c}))
+    return cases
 
+EX4 = _key(make_batch, _ex4_hidden, [  # (hint, make_batch's arguments)
+    ("the array's rows hold K, its columns N: you swapped rows and cols", {"swap": True}),
+    ("not SCALE-Sim's serial folds: only the first load is exposed, folds are max(M, R) apart",
+     {"timing": "scalesim"}),
+    ("only M*K*N MACs are useful: the padded cells of the last tiles are idle", {"padded": True}),
+    ("M = rows still leaves the fill, drain and first load: count them", {"at_rows": True}),
+    ("off by one: the smallest M with utilisation >= 0.9", {"off": 1})])
 
-def _plus_one(K, N, rows, cols):
-    got = make_batch()(K, N, rows, cols)
-    return None if got is None else got + 1
-
-
-EX4 = Key(
-    reference=make_batch(),
-    hidden=_ex4_hidden,
-    mistakes=[
-        Mistake("you swapped rows and cols: the array's rows hold K (and the weight load takes "
-                "R cycles, folds are max(M, R) apart), its columns hold N", make_batch(swap=True)),
-        Mistake("that is the batch with SCALE-Sim's serial folds; with timing='tpu' only the "
-                "first weight load is exposed and folds follow each other max(M, R) apart",
-                make_batch(timing="scalesim")),
-        Mistake("you counted the padding's MACs as useful: only M*K*N are; the padded rows "
-                "and columns of the last tiles are idle cells", make_batch(padded_useful=True)),
-        Mistake("M = rows hides each fold's weight load, but the pipeline's fill and drain "
-                "(R + C - 2 cycles) and the first load still cost: count them",
-                lambda K, N, rows, cols: rows if make_batch()(K, N, rows, cols) else None),
-        Mistake("off by one: the smallest M with utilisation >= 0.9", _plus_one),
-    ])
-
-
-# -- Exercise 5 ----------------------------------------------------------------------------
-
-_LAYOUT = {"ws": ("K", "N", "M"), "is": ("K", "M", "N"), "os": ("M", "N", "K")}
-
-
-def make_dataflow(swap=(), timing="tpu", drain=True, exchange=False):
+# -- Exercise 5 -------------------------------------------------------------------------------
+def make_dataflow(swap="", timing="tpu", drain=True, exchange=False):
+    """Right with the defaults; ``swap`` a dataflow's stationary dims, ``exchange`` rows, cols."""
     def best_dataflow(M, K, N, rows, cols):
-        ext = {"M": M, "K": K, "N": N}
-        R, C = (cols, rows) if exchange else (rows, cols)
-        out = {}
-        for d, (rd, cd, t) in _LAYOUT.items():
-            rd, cd = (cd, rd) if d in swap else (rd, cd)
-            folds = math.ceil(ext[rd] / R) * math.ceil(ext[cd] / C)
-            load, T = (0 if d == "os" else R), ext[t]
-            if timing == "scalesim":
-                out[d] = folds * (load + T + R + C - 2) - 1
-            else:
-                out[d] = load + (folds - 1) * max(T, R) + T + R + C - 2 + (
-                    R if d == "os" and drain else 0)
-        return min(out, key=out.get)
-
+        def cycles(d):
+            ext, (R, C) = {"M": M, "K": K, "N": N}, (cols, rows) if exchange else (rows, cols)
+            if d == swap:
+                x, y = {"ws": "KN", "is": "KM", "os": "MN"}[d]
+                ext[x], ext[y] = ext[y], ext[x]
+            return systolic.cycle_count(**ext, rows=R, cols=C, dataflow=d, timing=timing) - (
+                R if d == "os" and not drain else 0)
+        return min(("ws", "is", "os"), key=cycles)
     return best_dataflow
 
-
 def _ex5_hidden(rng):
-    arrays = ((128, 256), (256, 128), (64, 128), (128, 64))
-    right = make_dataflow()
-    fools = [make_dataflow(swap=("is",)), make_dataflow(swap=("ws",)),
-             make_dataflow(swap=("os",)), make_dataflow(exchange=True),
-             make_dataflow(timing="scalesim"), make_dataflow(drain=False)]
+    """Three shapes with different clear winners, each missed by some known mistake."""
     cases, winners = [], set()
-    for _ in range(3000):
-        r, c = arrays[int(rng.integers(len(arrays)))]
-        m, k, n = (int(v) for v in rng.integers(8, 2049, 3))
-        counts = {d: systolic.cycle_count(m, k, n, r, c, d) for d in systolic.DATAFLOWS}
-        best = right(m, k, n, r, c)
-        if sorted(counts.values())[0] == sorted(counts.values())[1] or best in winners:
-            continue
-        if any(f(m, k, n, r, c) != best for f in fools):
+    while len(cases) < 3:
+        (r, c), (m, k, n) = ARRAYS[int(rng.integers(4))], (int(v) for v in rng.integers(8, 2049, 3))
+        counts = sorted(systolic.cycle_count(m, k, n, r, c, d) for d in systolic.DATAFLOWS)
+        best = EX5.reference(m, k, n, r, c)
+        if counts[0] < counts[1] and best not in winners and any(
+                mistake.answer(m, k, n, r, c) != best for mistake in EX5.mistakes):
             cases.append(Case(f"M={m}, K={k}, N={n} on a non-square {r}x{c} array",
                               {"M": m, "K": k, "N": n, "rows": r, "cols": c}))
             winners.add(best)
-        if len(cases) == 3:
-            break
     return cases
 
+EX5 = _key(make_dataflow, _ex5_hidden, [  # (hint, make_dataflow's arguments)
+    ("input-stationary holds K along the rows, M along the columns; N streams", {"swap": "is"}),
+    ("weight-stationary holds K along the rows, N along the columns; M streams", {"swap": "ws"}),
+    ("output-stationary holds M along the rows, N along the columns; K streams", {"swap": "os"}),
+    ("rows is the height: the R in the load, max(T, R) and the drain", {"exchange": True}),
+    ("not SCALE-Sim's serial folds: only the first load is exposed, folds are max(T, R) apart",
+     {"timing": "scalesim"}),
+    ("'os' needs R more cycles at the end to shift the results out", {"drain": False})])
 
-EX5 = Key(
-    reference=make_dataflow(),
-    hidden=_ex5_hidden,
-    mistakes=[
-        Mistake("input-stationary keeps a transposed in the cells: K along the rows, M along "
-                "the columns, N streams", make_dataflow(swap=("is",))),
-        Mistake("weight-stationary keeps b as it is: K along the rows, N along the columns, M "
-                "streams", make_dataflow(swap=("ws",))),
-        Mistake("output-stationary keeps c in the cells: M along the rows, N along the "
-                "columns, K streams", make_dataflow(swap=("os",))),
-        Mistake("rows and cols are swapped: rows is the array's height (the R in the load, in "
-                "max(T, R) and in the drain), cols its width", make_dataflow(exchange=True)),
-        Mistake("that is the winner with SCALE-Sim's serial folds; with timing='tpu' only the "
-                "first load is exposed and folds follow each other max(T, R) apart",
-                make_dataflow(timing="scalesim")),
-        Mistake("'os' needs R more cycles at the end, to shift the results out of the bottom "
-                "edge", make_dataflow(drain=False)),
-    ])
+# -- Exercise 6 -------------------------------------------------------------------------------
+EX6 = Key(mistakes=[Mistake(*m) for m in [
+    ("below the stall the term is more than half a gap: the sum rounds up and keeps moving", 16.0),
+    ("check the gap at your value: is the term really more than half of it?", 64.0),
+    ("that is where a sum of 0.1 stalls in float16 (10 significand bits), not bf16 (7)", 256.0)]])
 
-
-# -- Exercise 6 ----------------------------------------------------------------------------
-
-EX6 = Key(
-    mistakes=[
-        Mistake("below the stall the term is more than half a gap: the sum rounds UP to the "
-                "next bf16 number and keeps moving", 16.0),
-        Mistake("check the gap at your value: is the term really more than half of it?", 64.0),
-        Mistake("that is where a sum of 0.1 stalls in float16 (10 significand bits), not "
-                "bf16 (7)", 256.0),
-    ])
-
-KEYS = {"Exercise 1": EX1, "Exercise 2": EX2, "Exercise 3": EX3, "Exercise 4": EX4,
-        "Exercise 5": EX5, "Exercise 6": EX6}
+KEYS = {f"Exercise {i}": key for i, key in enumerate((EX1, EX2, EX3, EX4, EX5, EX6), 1)}
