@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import types
 
 import jax
@@ -336,8 +337,21 @@ print(json.dumps({{"c": [[c.kind, sorted(c.shape), c.dtype, c.bytes, c.replica_g
 """
 
 
-def test_data_parallel_gradient_all_reduce_on_8_cpu_devices(subprocess_runner):
-    out = subprocess_runner(DP_CODE.format(shape="(8,)", axes="('data',)", batch="'data'"))
+@pytest.fixture(scope="module")
+def dp_gradients(subprocess_runner):
+    """DP_CODE on a (8,) mesh and on a (2, 4) mesh, in one fresh interpreter with 8
+    simulated CPU devices (one JAX start-up for both): {"1d": out, "2d": out}."""
+    meshes = {"1d": DP_CODE.format(shape="(8,)", axes="('data',)", batch="'data'"),
+              "2d": DP_CODE.format(shape="(2, 4)", axes="('data', 'model')", batch="'data'")}
+    code = "import json\nRESULTS = {}\n"
+    for name, script in meshes.items():
+        body = script.replace("print(json.dumps(", "return json.loads(json.dumps(").strip()
+        code += f"def dp_{name}():\n{textwrap.indent(body, '    ')}\nRESULTS[{name!r}] = dp_{name}()\n"
+    return subprocess_runner(code + "print(json.dumps(RESULTS))\n")
+
+
+def test_data_parallel_gradient_all_reduce_on_8_cpu_devices(dp_gradients):
+    out = dp_gradients["1d"]
     assert out["n"] == 8
     kinds = {c[0] for c in out["c"]}
     assert kinds == {"all-reduce"}
@@ -350,9 +364,8 @@ def test_data_parallel_gradient_all_reduce_on_8_cpu_devices(subprocess_runner):
     assert out["flops"] >= 2 * (2 * 8 * 512 * 256)
 
 
-def test_data_parallel_over_one_axis_of_a_2d_mesh_groups_by_that_axis(subprocess_runner):
-    out = subprocess_runner(DP_CODE.format(shape="(2, 4)", axes="('data', 'model')",
-                                           batch="'data'"))
+def test_data_parallel_over_one_axis_of_a_2d_mesh_groups_by_that_axis(dp_gradients):
+    out = dp_gradients["2d"]
     groups = {tuple(map(tuple, c[4])) for c in out["c"]}
     # batch split over 'data' (size 2): devices i and i+4 hold the two halves
     assert groups == {((0, 4), (1, 5), (2, 6), (3, 7))}
