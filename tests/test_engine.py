@@ -164,7 +164,8 @@ def test_no_key_module_is_in_the_package():
 
 @pytest.mark.slow
 def test_the_built_wheel_holds_no_answer_keys(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "uv", "build", "--wheel", "-q", "--out-dir",
+    # sdist first, the wheel from it: what pip builds, never a stale build/ folder's files
+    proc = subprocess.run([sys.executable, "-m", "uv", "build", "-q", "--out-dir",
                            str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("tpu_course-*.whl")

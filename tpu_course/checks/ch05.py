@@ -30,8 +30,9 @@ CPU_MAX_FORWARD_FLOPS = 25e6  # Exercise 5 on a CPU, per image (chapter 5's CNN:
 _TEMPLATES = np.random.default_rng(0).integers(0, 256, (10, 28, 28))  # ten learnable classes
 
 def slow_batches(images, labels, batch_size, seed=0, epoch=0):
-    """Full batches in ``train.batches``' order; each image mirrored left-right where its draw
-    (the same generator, one per example in batch order) is below 0.5. Correct, but slow."""
+    """Full batches in ``train.batches``' order; each image mirrored left-right where
+    its draw (the same generator, one per example in batch order) is below 0.5. Correct,
+    but slow."""
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(images))
     for start in range(0, len(order) - batch_size + 1, batch_size):
