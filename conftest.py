@@ -28,14 +28,18 @@ from tpu_course import warnings_policy
 
 pytest_plugins = ["pytester"]  # tests/test_cpu_budget.py runs this file on a small suite
 
-#: The most CPU-seconds one test file may cost (user + system, children included). Issue
-#: 39 set it: at 30 s a file, no file is long enough to need a place in a schedule.
+#: The most CPU-seconds one test file may cost (user + system, children included): at 30 s
+#: a file, no file is long enough to need a place in a schedule.
 TEST_FILE_BUDGET_CPU_S = 30.0
 #: Test files allowed over the budget until they are made cheaper (path: allowance, about
 #: a tenth above what they measured in a serial run on a busy 2-core machine). Each one
 #: owes the suite that work: share what its tests recompute (one trained state, one
 #: compiled step), then delete its line here.
-OVER_BUDGET_CPU_S: dict[str, float] = {}
+OVER_BUDGET_CPU_S: dict[str, float] = {
+    # 33-35 CPU-s measured in the suite: the 8-device subprocess of exercise 2 (about 12),
+    # five remat compiles (about 9) and exercise 4's first compiles (about 12).
+    "tests/test_lab08.py": 38.0,
+}
 
 NOTEBOOK_BUDGET_S = 120.0
 #: Notebooks with a budget of their own (path from the repository root: seconds).
