@@ -390,7 +390,7 @@ def test_sandbox_hides_checkout_keys_output_and_visible_answers(tmp_path):
     labels = [p for d in grade._data_dirs() for p in pathlib.Path(d).glob("**/t10k-labels*")]
     if labels:  # the evaluation labels read empty in the sandbox; the training ones do not
         sizes = box.command(["/bin/sh", "-c", f"cat {labels[0]} 2>/dev/null | wc -c; "
-                                              f"wc -c < {labels[0].parent}/train-labels-idx1-ubyte.gz"],
+                                              f"cat {labels[0].parent}/train*labels* | wc -c"],
                             None)
         said = subprocess.run(sizes, capture_output=True, text=True, timeout=60,
                               env=box.env("t", tmp_path)).stdout.split()
