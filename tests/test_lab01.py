@@ -94,6 +94,7 @@ def test_gemm_prediction_is_the_simulators():
         np.ones((200, 384)), np.ones((384, 640)), 128, 128).cycles
 
 
+@pytest.mark.built_on_newest
 def test_visible_data_is_current():
     assert grading.stale([LAB]) == []
 

@@ -101,6 +101,7 @@ def test_honest_answers_pass(title, answer):
     assess.assert_passes(LAB, title, answer)
 
 
+@pytest.mark.built_on_newest
 def test_visible_data_is_current():
     assert grading.stale([LAB]) == []
 
@@ -173,7 +174,8 @@ def test_the_layout_model_is_the_tpu_compilers():
 
 def test_layer_norm_and_the_scorecard():
     check = ch04.check_layer_norm
-    assert check(NotWritten("Exercise 6"), 1, "memory").status == "not written"
+    unwritten = check(NotWritten("Exercise 6"), 1, "memory")
+    assert unwritten.status == ("not written" if HAS_TPU_COMPILER else "skipped"), unwritten
     total = ch04.LAB.scorecard({}).total()
     assert total in ("Lab 4: 0 of 6 passed", "Lab 4: 0 of 5 passed, 1 skipped")
     if HAS_TPU_COMPILER:

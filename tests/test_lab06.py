@@ -18,9 +18,20 @@ import grading
 from tests import assess
 from tests.conftest import run_in_subprocess
 from tpu_course import hardware
+from tpu_course.hlo import aot
 
 LAB = 6
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Exercise 3 compiles for a v5e-8: where that is off (Colab's stack pins a libtpu its jax
+# does not accept), it must say so and skip instead of grading
+NO_TPU_COMPILER = aot.tpu_compiler_problem()
+
+
+def _skipped_for_the_compiler(title: str, result: list) -> bool:
+    if title.startswith("Exercise 3") and NO_TPU_COMPILER:
+        assert result[0] == "skipped" and "TPU compiler" in result[1], result
+        return True
+    return False
 
 
 @pytest.mark.parametrize(("ex", "key", "mistake"), assess.mistakes(LAB))
@@ -251,6 +262,7 @@ def lab6():
     return run_in_subprocess(code, devices=8, timeout_s=900, env={"XLA_FLAGS": fast})
 
 
+@pytest.mark.built_on_newest
 def test_visible_data_is_current(lab6):
     assert lab6["stale"] == []
 
@@ -260,6 +272,8 @@ def test_honest_answers_pass(lab6, title):
     if title == "Exercise 6":
         assess.assert_passes(LAB, title, choose)
         return
+    if _skipped_for_the_compiler(title, lab6[f"honest {title}"]):
+        pytest.skip(NO_TPU_COMPILER)
     assert lab6[f"honest {title}"][0] == "passed", lab6[f"honest {title}"]
     assert lab6.get(f"notebook {title}", ["passed"])[0] == "passed", lab6[f"notebook {title}"]
 
@@ -290,6 +304,8 @@ def test_honest_answers_pass(lab6, title):
     ("Exercise 7 shape", "every column kept"),
 ])
 def test_wrong_answers_and_shortcuts_are_named(lab6, name, words):
+    if _skipped_for_the_compiler(name, lab6[name]):
+        pytest.skip(NO_TPU_COMPILER)
     status, message, hint = lab6[name]
     assert status == "failed" and words in hint, (name, message, hint)
 

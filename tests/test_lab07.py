@@ -259,5 +259,6 @@ def dataclass_replace_needs(ex):
     return dataclasses.replace(ex, needs="cpu")
 
 
+@pytest.mark.built_on_newest
 def test_visible_data_is_current():
     assert grading.stale([LAB]) == []

@@ -286,6 +286,46 @@ def _key(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, type(None))) else repr(value)
 
 
+# Which fields of an XSpace are nested messages (planes -> lines -> events) and which are
+# other length-delimited fields (None). Older jaxlibs abort the whole process on a
+# malformed XSpace instead of raising, so the bytes are walked first.
+_XSPACE = {1: {3: {4: {}}}, 2: None, 3: None, 4: None}
+
+
+def _check_wire(blob: bytes, schema: dict, depth: int = 0) -> None:
+    """Raise ValueError unless ``blob`` is well-formed protobuf wire data for ``schema``."""
+    def varint(i: int) -> tuple[int, int]:
+        value = shift = 0
+        while i < len(blob) and shift < 70:
+            byte = blob[i]
+            value, i, shift = value | (byte & 0x7F) << shift, i + 1, shift + 7
+            if byte < 0x80:
+                return value, i
+        raise ValueError(f"a number runs past the end at byte {i}")
+
+    i = 0
+    while i < len(blob):
+        tag, i = varint(i)
+        field, wire = tag >> 3, tag & 7
+        if field == 0 or wire in (3, 4, 6, 7):
+            raise ValueError(f"field {field} has wire type {wire} at depth {depth}")
+        if field in schema and wire != 2:
+            raise ValueError(f"field {field} at depth {depth} is not length-delimited")
+        if wire == 0:
+            _, i = varint(i)
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            size, i = varint(i)
+            if i + size > len(blob):
+                raise ValueError(f"a field of {size} bytes runs past the end (truncated?)")
+            if schema.get(field) is not None:
+                _check_wire(blob[i:i + size], schema[field], depth + 1)
+            i += size
+    if i > len(blob):
+        raise ValueError("the last field runs past the end (truncated?)")
+
+
 def _from_xplane(path: pathlib.Path) -> list[tuple[str, str, str, float, float]]:
     # ProfileData exists in recent jax; event.stats is avoided on purpose (reading it
     # with deprecation warnings as errors aborts the process on some versions)
@@ -294,6 +334,10 @@ def _from_xplane(path: pathlib.Path) -> list[tuple[str, str, str, float, float]]
     if path.stat().st_size == 0:
         raise TraceError(f"{path} is empty (0 bytes): the trace was not written completely "
                          f"(the process ended inside the block?). {_RETRACE.capitalize()}.")
+    try:
+        _check_wire(path.read_bytes(), _XSPACE)
+    except ValueError as err:
+        raise _bad(path, f"cannot be read as an XSpace ({err})") from None
     try:
         data = ProfileData.from_file(str(path))
         raw = []
