@@ -54,3 +54,10 @@ def assert_mistake_named(ex: engine.Exercise, key: grading.Key, mistake: engine.
     if notebook.status == "failed" and "not show" not in notebook.message:
         assert notebook.hint in (mistake.hint, ex.hint) or any(
             notebook.hint == m.hint for m in key.mistakes), notebook
+
+
+def failed(result: engine.CheckResult, *words: str) -> None:
+    """``result`` is a failure whose message or hint says every one of ``words``."""
+    assert result.status == "failed", result
+    text = f"{result.message} {result.hint}"
+    assert all(w in text for w in words), result

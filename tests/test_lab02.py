@@ -203,12 +203,6 @@ def test_visible_data_is_current():
     assert grading.stale([LAB]) == []
 
 
-def failed(result, *words):
-    assert result.status == "failed", result
-    text = f"{result.message} {result.hint}"
-    assert all(w in text for w in words), result
-
-
 def test_typed_or_cached_answers_pass_the_notebook_only():
     memo = {}
 
@@ -218,17 +212,17 @@ def test_typed_or_cached_answers_pass_the_notebook_only():
         return memo["t"]
 
     assert ch02.check_time_call(cached).passed
-    failed(assess.graded(LAB, "Exercise 2", cached), "call fn(*args)")
+    assess.failed(assess.graded(LAB, "Exercise 2", cached), "call fn(*args)")
     seen = ch02.check_time_call.exercise.run({"time_call": time_call})[0]["value"]
     typed = lambda fn, *a: time_call(fn, *a) and seen
     assert ch02.check_time_call(typed).passed
-    failed(assess.graded(LAB, "Exercise 2", typed), "not show", "typed in")
+    assess.failed(assess.graded(LAB, "Exercise 2", typed), "not show", "typed in")
     rate = ch02.check_h2d_bandwidth.exercise.run({"h2d_bandwidth": h2d_bandwidth})[0]["value"]
-    failed(assess.graded(LAB, "Exercise 3", lambda h: h2d_bandwidth(h) and rate), "not show")
+    assess.failed(assess.graded(LAB, "Exercise 3", lambda h: h2d_bandwidth(h) and rate), "not show")
     table = {(2, 3, 4): 48, (128, 256, 512): 2 * 128 * 256 * 512, (1, 1000, 7): 14000}
     lookup = lambda m, k, n: table.get((m, k, n), 0)
     assert ch02.check_matmul_flops(lookup).passed
-    failed(assess.graded(LAB, "Exercise 1", lookup), "not show")
+    assess.failed(assess.graded(LAB, "Exercise 1", lookup), "not show")
 
 
 @pytest.mark.parametrize(("answer", "words"), [
@@ -239,7 +233,7 @@ def test_typed_or_cached_answers_pass_the_notebook_only():
     (lambda fn, *a: time_call(fn) if a else 0.0, ["TypeError", "argument"]),
 ])
 def test_timer_garbage_fails_with_a_hint(answer, words):
-    failed(ch02.check_time_call(answer), *words)
+    assess.failed(ch02.check_time_call(answer), *words)
 
 
 def test_the_clocks_and_device_put_are_put_back():
@@ -254,18 +248,18 @@ def test_copy_prediction_shortcuts():
     check = ch02.check_copy_prediction
     assert check(NotWritten("Exercise 4"), BW).status == "not written"
     assert check(BYTES / BW, NotWritten("Exercise 3")).status == "not written"
-    failed(check(BYTES / BW, -1.0), "fix Exercise 3")
-    failed(check(BYTES / 1.0, 1.0), "bandwidth = h2d_bandwidth")  # a pair made up to agree
-    failed(check("0.1", BW), "string")
-    failed(check(float("nan"), BW), "finite")
-    failed(check(1.0, BW), "bytes / bandwidth")
+    assess.failed(check(BYTES / BW, -1.0), "fix Exercise 3")
+    assess.failed(check(BYTES / 1.0, 1.0), "bandwidth = h2d_bandwidth")  # a pair made up to agree
+    assess.failed(check("0.1", BW), "string")
+    assess.failed(check(float("nan"), BW), "finite")
+    assess.failed(check(1.0, BW), "bytes / bandwidth")
 
 
 def test_fraction_of_another_chip_is_named_on_hidden_cases():
     v5e = lambda f, s, c: f / s / hardware.get("v5e").peak_bf16_flops_per_s
     assert ch02.check_fraction_of_peak(v5e).passed
-    failed(assess.graded(LAB, "Exercise 5", v5e), "hardware.get(chip)")
-    failed(ch02.check_fraction_of_peak(lambda f, s, c: "0.5"), "string")
+    assess.failed(assess.graded(LAB, "Exercise 5", v5e), "hardware.get(chip)")
+    assess.failed(ch02.check_fraction_of_peak(lambda f, s, c: "0.5"), "string")
 
 
 def test_half_peak_needs_an_accelerator_and_the_scorecard_counts_zero():

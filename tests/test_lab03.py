@@ -20,22 +20,6 @@ LAB = 3
 LR = ch03.LR
 
 
-@pytest.fixture(autouse=True, scope="module")
-def expected_once():
-    """The keys' outputs (references and mistakes: trusted, deterministic code) computed
-    once per exercise and cases in this module, not again for every answer graded."""
-    plain, memo = grading.expected, {}
-
-    def expected(exercise, key, cases, **kw):
-        at = (exercise.title, id(key), repr([(c.label, c.args) for c in cases]), repr(kw))
-        if at not in memo:
-            memo[at] = plain(exercise, key, cases, **kw)
-        return memo[at]
-
-    grading.expected = expected
-    yield
-    grading.expected = plain
-
 
 @pytest.mark.parametrize(("ex", "key", "mistake"), assess.mistakes(LAB))
 def test_each_mistake_is_named(ex, key, mistake):

@@ -106,19 +106,13 @@ def test_visible_data_is_current():
     assert grading.stale([LAB]) == []
 
 
-def failed(result, *words):
-    assert result.status == "failed", result
-    text = f"{result.message} {result.hint}"
-    assert all(w in text for w in words), result
-
-
 def test_predictions_that_ask_the_compiler_fail():
     def asks(M, D, H):
         S = jax.ShapeDtypeStruct
         return xla_cost(ch04.layer, S((M, D), "float32"), S((D, H), "float32"), S((H,), "float32"))[0]
 
-    failed(ch04.check_xla_flops(asks), "asks the compiler", "by hand")
-    failed(ch04.check_xla_flops(lambda M, D, H: hlo.inspect(
+    assess.failed(ch04.check_xla_flops(asks), "asks the compiler", "by hand")
+    assess.failed(ch04.check_xla_flops(lambda M, D, H: hlo.inspect(
         ch04.layer, *(jax.ShapeDtypeStruct(s, "float32") for s in ((M, D), (D, H), (H,)))).flops),
         "asks the compiler")
     assert ch04.check_xla_cost(xla_cost).passed  # the compiler works again afterwards
@@ -131,20 +125,20 @@ def test_lookups_of_the_visible_answers_fail_hidden():
         seen[case.args["kind"]] = xla_cost(fn, *args)
     lookup = lambda f, *a: seen["layer" if len(a) == 3 else "softmax"]
     assert ch04.check_xla_cost(lookup).passed
-    failed(assess.graded(LAB, "Exercise 1", lookup), "not show")
+    assess.failed(assess.graded(LAB, "Exercise 1", lookup), "not show")
 
     def typed_chip(k, n, chip):  # the v5e's ridge typed in for every chip
         r = 197e12 / 819e9
         room = 2 * k * n - 2 * r * (k + n)
         return None if room <= 0 else math.ceil(2 * r * k * n / room)
 
-    failed(assess.graded(LAB, "Exercise 2", typed_chip), "x, w and y")
+    assess.failed(assess.graded(LAB, "Exercise 2", typed_chip), "x, w and y")
     assert ch04.check_xla_flops(lambda M, D, H: 1_310_720).passed
-    failed(assess.graded(LAB, "Exercise 4", lambda M, D, H: 1_310_720), "not show")
+    assess.failed(assess.graded(LAB, "Exercise 4", lambda M, D, H: 1_310_720), "not show")
     table = {(40, 300): 40 * 384 * 4, (17, 127): 24 * 128 * 2, (1000, 12): 16 * 1024 * 4}
     lookup = lambda s, i: table.get(tuple(s), s[0] * s[1] * i)
     assert ch04.check_tpu_bytes(lookup).passed
-    failed(assess.graded(LAB, "Exercise 5", lookup), "not show")
+    assess.failed(assess.graded(LAB, "Exercise 5", lookup), "not show")
 
 
 @pytest.mark.parametrize(("title", "answer", "words"), [
@@ -158,7 +152,7 @@ def test_lookups_of_the_visible_answers_fail_hidden():
      ["your time is"]),  # keeps the first answer
 ])
 def test_garbage_fails_with_a_hint(title, answer, words):
-    failed(ch04.LAB.find(title).check(answer), *words)
+    assess.failed(ch04.LAB.find(title).check(answer), *words)
 
 
 def test_the_layout_model_is_the_tpu_compilers():
@@ -179,5 +173,5 @@ def test_layer_norm_and_the_scorecard():
     total = ch04.LAB.scorecard({}).total()
     assert total in ("Lab 4: 0 of 6 passed", "Lab 4: 0 of 5 passed, 1 skipped")
     if HAS_TPU_COMPILER:
-        failed(check(7 * T * F, 4 * T * F, "fast"), "'memory' or 'compute'")
-        failed(check("7", 4 * T * F, "memory"), "string")
+        assess.failed(check(7 * T * F, 4 * T * F, "fast"), "'memory' or 'compute'")
+        assess.failed(check("7", 4 * T * F, "memory"), "string")
