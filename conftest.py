@@ -120,8 +120,15 @@ def pytest_runtest_logreport(report):
             _cpu[path] += value
 
 
+def enforced() -> bool:
+    """Whether a file over its budget fails the run. The budgets are sized on the newest
+    line; ``TPU_COURSE_CPU_BUDGET=report`` (Colab's line, whose older jax costs more per
+    file) only reports them."""
+    return os.environ.get("TPU_COURSE_CPU_BUDGET", "enforce") != "report"
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if not _is_worker(session.config) and over_budget(_cpu) and exitstatus == 0:
+    if not _is_worker(session.config) and enforced() and over_budget(_cpu) and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -143,6 +150,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:7.1f} CPU-s  {path}")
         terminalreporter.write_line(f"{sum(files.values()):7.1f} CPU-s  in all: {len(files)} "
                                     f"file(s), the costliest above")
+        said = "FAILED (CPU budget)" if enforced() else "over budget (reported on this line)"
         for line in over_budget(_cpu):
-            terminalreporter.write_line(f"FAILED (CPU budget) {line}: make it cheaper "
+            terminalreporter.write_line(f"{said} {line}: make it cheaper "
                                         "(share what its tests recompute)", red=True)
