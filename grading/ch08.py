@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from grading import Key
 from tpu_course import hardware, lm
 from tpu_course.checks.ch08 import (
-    DECODE_CHIP, DECODE_POSITION, _attention_case, _decode_case, decode_config, exercise1_config)
+    DECODE_CHIP, DECODE_POSITION, _attention_case, _causal_case, _generate_case, _resume_case,
+    decode_config, exercise1_config)
 from tpu_course.checks.engine import Mistake
 
 # Exercise 1: N parameters (M of them multiply), F the chapter's FLOPs per token, A attention's.
@@ -39,65 +41,153 @@ EX1 = Key(mistakes=[Mistake(hint, answer) for answer, hint in [
     ((N, F - 6 * HEAD), "you left out the output head: it multiplies every token, 6 x d_model x "
                         "vocab")]])
 
-# Exercise 2: the losses come from one device and the mistakes are rules on the shardings.
-EX2 = Key(hidden=lambda rng: [_attention_case((128, 64, int(rng.choice([8, 16])), 8), (2, 4))])
+# Exercise 3: the losses come from one device and the mistakes are rules on the shardings.
+EX3 = Key(hidden=lambda rng: [_attention_case((128, 64, int(rng.choice([8, 16])), 8), (2, 4))])
 
 
-def make_decode(mask="<=", scale=True, write="set", shift=0, feed_back=True, dtype=None):
-    """Exercise 4's decode step: the right one by default, each other choice a known mistake."""
-    def decode_step(weights, x, cache, pos):
-        keys, values = cache
-        if dtype is not None:
-            keys, values, x = keys.astype(dtype), values.astype(dtype), x.astype(dtype)
-            weights = {n: w.astype(dtype) for n, w in weights.items()}
-        q, k, v = (jnp.einsum("bd,dhk->bhk", x, weights[n]) for n in ("wq", "wk", "wv"))
-        if write == "batch axis":
-            new_k, new_v = keys.at[pos + shift].set(k[0]), values.at[pos + shift].set(v[0])
-        else:
-            new_k = getattr(keys.at[:, pos + shift], write)(k.astype(keys.dtype))
-            new_v = getattr(values.at[:, pos + shift], write)(v.astype(values.dtype))
-        s = jnp.einsum("bhk,bthk->bht", q, new_k) / (q.shape[-1] ** 0.5 if scale else 1)
-        t = jnp.arange(keys.shape[1])
-        if mask != "none":
-            s = jnp.where(t <= pos if mask == "<=" else t < pos, s, -1e30)
-        probs = jax.nn.softmax(s.astype(jnp.float32), -1).astype(new_v.dtype)
-        out = jnp.einsum("bht,bthk,hkd->bd", probs, new_v, weights["wo"])
-        return out, ((new_k, new_v) if feed_back else (keys, values))
-    return decode_step
+def make_attention(mask="tril", scale=True, axis=-1, out_dtype=None, fill=-jnp.inf):
+    """Exercise 2's causal attention: the right one by default, each other choice a mistake."""
+    def causal_attention(q, k, v):
+        t, f32 = q.shape[1], jnp.float32
+        s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), k.astype(f32))
+        s = s / jnp.sqrt(f32(q.shape[-1])) if scale else s
+        i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+        keep = {"tril": j <= i, "strict": j < i, "triu": j >= i, "none": j >= 0}[mask]
+        p = jax.nn.softmax(jnp.where(keep, s, fill), axis=axis)
+        out = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(f32))
+        return out.astype(q.dtype if out_dtype is None else out_dtype)
+    return causal_attention
 
 
-def _ex4_hidden(rng):  # an odd batch, d_model not heads x head_dim, from 0 or near the end
-    t = int(rng.choice([7, 11, 13]))
-    shape = (3, t, int(rng.choice([1, 3, 5])), int(rng.choice([4, 6])), int(rng.choice([12, 20])))
-    start, dtype = int(rng.choice([0, t - 2])), str(rng.choice(["float32", "bfloat16"]))
-    return [_decode_case(shape, start, dtype, int(rng.integers(1 << 30)),
-                         "an odd batch and d_model")]
+def _ex2_hidden(rng):  # odd lengths, other head counts and widths, either dtype
+    return [_causal_case((2, int(rng.choice([3, 9, 11])), int(rng.choice([1, 4])),
+                          int(rng.choice([4, 8])), ), str(rng.choice(["float32", "bfloat16"])),
+                         int(rng.integers(1 << 30)), "an odd length")]
 
 
-EX4 = Key(reference=make_decode(), hidden=_ex4_hidden, mistakes=[
-    Mistake(h, make_decode(**kw)) for kw, h in [
-        ({"mask": "none"}, "you attended to every position of the cache, the stale ones after "
-                           "pos included: mask positions > pos"),
-        ({"mask": "<"}, "the new token attends to itself too: keep positions <= pos, not < pos"),
-        ({"scale": False}, "scale the scores by 1 / sqrt(head_dim)"),
-        ({"shift": 1}, "the new key and value go at index pos of the length axis, not pos + 1"),
-        ({"write": "add"}, "you added the new key and value to the stale entry the cache held at "
-                           "pos (.at[...].add): set it (.at[:, pos].set or dynamic_update_slice)"),
-        ({"write": "batch axis"}, "you wrote at index pos of axis 0, the batch: the length axis "
-                                  "is axis 1 (keys.at[:, pos])"),
-        ({"feed_back": False}, "you return the cache that came in: return the one with the new "
-                               "key and value written, since the next step reads it"),
-        ({"dtype": "float32"}, "a bfloat16 cache came in and float32 goes out: keep the dtypes "
-                               "that came in (compute in float32 inside if you like, then cast "
-                               "back)")]])
+_STRICT = ("the mask hides each query's own key too (strict <): keep keys j <= i, the "
+           "query's own position included")
+EX2 = Key(reference=make_attention(), hidden=_ex2_hidden, mistakes=[
+    Mistake(h, make_attention(**kw)) for kw, h in [
+        ({"mask": "none"}, "no causal mask: query i sees the keys after it; set the scores of "
+                           "keys j > i to -inf before the softmax"),
+        ({"mask": "strict"}, _STRICT),
+        ({"mask": "strict", "fill": -1e30}, _STRICT),
+        ({"mask": "triu"}, "you kept the upper triangle: query i must see keys 0..i (jnp.tril, "
+                           "j <= i), not keys i..end"),
+        ({"scale": False}, "scale the scores by 1 / sqrt(head_dim) before the softmax"),
+        ({"axis": -2}, "the softmax runs over the queries: it must run over the keys, so that "
+                       "each query's weights sum to 1"),
+        ({"out_dtype": jnp.float32}, "bfloat16 came in and float32 goes out: compute in float32 "
+                                     "inside if you like, then cast back to q.dtype")]])
 
-# Exercise 5: _I the chip's ridge point (bf16 FLOPs per HBM byte).
+
+def make_train(data_from_zero=False, save_at_index=False, skip=False, ignore_checkpoint=False,
+               fresh_opt=False):
+    """Exercise 5's resume loop: the right one by default, each other choice a mistake."""
+    def train(directory, steps, problem):
+        import orbax.checkpoint as ocp
+
+        from tpu_course import textdata
+
+        manager = ocp.CheckpointManager(directory)
+        latest = None if ignore_checkpoint else manager.latest_step()
+        params, opt_state = problem.init()
+        start = 0
+        if latest is not None:
+            saved = manager.restore(latest, args=ocp.args.StandardRestore(
+                {"params": params, "opt_state": opt_state}))
+            params = saved["params"]
+            opt_state = opt_state if fresh_opt else saved["opt_state"]
+            start = latest + skip
+        for step in range(start, steps):
+            batch = textdata.batch_at(problem.corpus, step - start * data_from_zero,
+                                      problem.batch, problem.length, problem.seed)
+            params, opt_state, _ = problem.step(params, opt_state, *batch)
+        if start < steps:
+            manager.save(steps - save_at_index, args=ocp.args.StandardSave(
+                {"params": params, "opt_state": opt_state}))
+        manager.wait_until_finished()
+        manager.close()
+        return params
+    return train
+
+
+EX5 = Key(reference=make_train(), hidden=lambda rng: [_resume_case(
+    int(rng.choice([4, 6])), int(rng.choice([1, 3])), int(rng.integers(1, 100)), "another run")],
+    mistakes=[Mistake(h, make_train(**kw)) for kw, h in [
+        ({"data_from_zero": True}, "after a resume the data starts again at batch 0: step k "
+                                   "trains on batch_at(corpus, k, ...), whichever call runs it"),
+        ({"save_at_index": True}, "a batch is trained twice: save the step count after the "
+                                  "last step (steps), so that the resume starts at the first "
+                                  "step not yet trained"),
+        ({"skip": True}, "a batch is skipped: the saved step number is the count of steps "
+                         "trained, so the next step to train is latest_step(), not one more"),
+        ({"ignore_checkpoint": True}, "the checkpoint is ignored: the restarted run trains "
+                                      "from step 0 again; ask the CheckpointManager for "
+                                      "latest_step() and restore it"),
+        ({"fresh_opt": True}, "the optimizer state starts fresh after a resume: save and "
+                              "restore opt_state (Adam's moments and step count) with the "
+                              "params")]])
+
+
+_decode = nnx.jit(lambda model, tokens, cache: model.decode(tokens, cache))
+
+
+def make_generate(top_k_shift=0, temperature_use="divide", greedy=True, prefill=True,
+                  feed_back=True):
+    """Exercise 6's decode loop: the right one by default, each other choice a mistake."""
+    def generate(model, prompt, steps, key, temperature=0.0, top_k=None):
+        cache = lm.init_cache(model.config, prompt.shape[0])
+        logits, cache = _decode(model, prompt if prefill else prompt[:, -1:], cache)
+        logits, after_prompt = logits[:, -1], cache
+        new = []
+        for i in range(steps):
+            if temperature == 0 and greedy:
+                token = jnp.argmax(logits, axis=-1)
+            else:
+                x = logits
+                if top_k:
+                    kth = jax.lax.top_k(x, top_k + top_k_shift)[0][:, -1:]
+                    x = jnp.where(x >= kth, x, -jnp.inf)
+                t = temperature or 1.0
+                x = {"divide": x / t, "multiply": x * t, "ignore": x}[temperature_use]
+                token = jax.random.categorical(jax.random.fold_in(key, i), x, axis=-1)
+            new.append(token)
+            logits, cache = _decode(model, token[:, None].astype(jnp.int32),
+                                         cache if feed_back else after_prompt)
+            logits = logits[:, -1]
+        return jnp.stack(new, axis=1)
+    return generate
+
+
+EX6 = Key(reference=make_generate(), hidden=lambda rng: [_generate_case(
+    2, int(rng.integers(2, 7)), 7, float(rng.choice([0.7, 3.0])), int(rng.choice([3, 6])),
+    int(rng.integers(2, 100)), "another prompt")],
+    mistakes=[Mistake(h, make_generate(**kw)) for kw, h in [
+        ({"top_k_shift": 1}, "top-k keeps one logit too many: keep exactly the top_k largest "
+                             "(jax.lax.top_k(logits, top_k)), the rest -inf"),
+        ({"top_k_shift": -1}, "top-k keeps one logit too few: keep exactly the top_k largest, "
+                              "the k-th included (logits >= the k-th largest)"),
+        ({"temperature_use": "multiply"}, "divide the logits by the temperature (a high "
+                                          "temperature flattens the distribution), do not "
+                                          "multiply"),
+        ({"temperature_use": "ignore"}, "the temperature is not used: sample from logits / "
+                                        "temperature, not from the logits"),
+        ({"greedy": False}, "temperature 0 is greedy decoding: take the argmax of the logits, "
+                            "no sampling"),
+        ({"prefill": False}, "the prompt is not prefilled: run model.decode on the whole "
+                             "prompt first, so that the cache holds all its keys and values"),
+        ({"feed_back": False}, "each step must decode with the cache the previous step "
+                               "returned: the new bytes' keys and values are in it")]])
+
+# Exercise 7: _I the chip's ridge point (bf16 FLOPs per HBM byte).
 _I = hardware.get(DECODE_CHIP).critical_intensity()
 _ridge = lambda **kw: lm.decode_ridge_batch(decode_config(), DECODE_CHIP, DECODE_POSITION, **kw)
 _NO_CACHE = ("you left out the KV cache: every sequence also reads its own cached keys and values "
              "(2 x layers x d_model numbers per position), bytes that grow with the batch; "
              "without them (and attention's FLOPs) the batch is about the ridge point")
-EX5 = Key(mistakes=[Mistake(h, answer) for answer, h in [
+EX7 = Key(mistakes=[Mistake(h, answer) for answer, h in [
     (_ridge(cache_bytes_per_value=0), _NO_CACHE),
     (_I, _NO_CACHE),
     (_ridge(weight_bytes_per_param=4), "you counted the weights as fp32 (4 bytes): serving reads "
@@ -112,4 +202,5 @@ EX5 = Key(mistakes=[Mistake(h, answer) for answer, h in [
     (_ridge(weight_bytes_per_param=1, cache_bytes_per_value=1), "1 byte per value is int8 "
      "serving: this model serves bf16 weights and cache, 2 bytes each")]])
 
-KEYS = {"Exercise 1": EX1, "Exercise 2": EX2, "Exercise 4": EX4, "Exercise 5": EX5}
+KEYS = {"Exercise 1": EX1, "Exercise 2": EX2, "Exercise 3": EX3, "Exercise 5": EX5,
+        "Exercise 6": EX6, "Exercise 7": EX7}

@@ -16,25 +16,29 @@
 # %% [markdown]
 # # Lab 8 (solution): Train, shard, fit and serve the chapter-8 language model
 #
-# About 90 minutes, five exercises, on 8 simulated CPU devices (the same code runs on a
+# About 125 minutes, seven exercises, on 8 simulated CPU devices (the same code runs on a
 # TPU slice):
 #
 # 1. **predict** (15 min) the parameter count and the training FLOPs per token of a
 #    model the chapter did not build; then the model is counted and XLA compiles it;
-# 2. **write** (25 min) the shardings of attention for tensor parallelism (heads on
+# 2. **write** (15 min) causal attention's forward pass: scores, causal mask, softmax,
+#    weighted values, in the dtype that came in;
+# 3. **write** (25 min) the shardings of attention for tensor parallelism (heads on
 #    `"model"`) with FSDP on `"data"`, Adam's moments included; graded by the compiled
 #    collectives and by two training steps against one device;
-# 3. **predict** (15 min) which `jax.checkpoint` policy fits a memory budget while
+# 4. **predict** (15 min) which `jax.checkpoint` policy fits a memory budget while
 #    recomputing the least; then each policy's step is compiled and measured with
 #    `memory_analysis()`;
-# 4. **write** (25 min) the KV-cache decode step of attention, graded against a full
-#    recomputation, step after step;
-# 5. **predict** (10 min) the batch size at which decoding turns compute-bound on a v5e.
+# 5. **write** (20 min) a training loop that resumes from its latest Orbax checkpoint and
+#    continues exactly as an uninterrupted run would;
+# 6. **write** (25 min) the decode loop: prefill the KV cache, then one byte at a time,
+#    greedy or sampled with a temperature and top-k;
+# 7. **predict** (10 min) the batch size at which decoding turns compute-bound on a v5e.
 #
 # Each exercise is followed by a check cell: pass, or a hint (the expected value only
 # through `checks.reveal("Exercise N")`). The last cell is the scorecard.
 #
-# **Predictions first.** Exercises 1, 3 and 5 are predictions: a cell after each records
+# **Predictions first.** Exercises 1, 4 and 7 are predictions: a cell after each records
 # yours (`ch08.LAB.predict(...)`), and the measurement is shown only after that. Once it
 # has been shown in this session your prediction is locked: the check grades the one you
 # recorded, not a value edited afterwards. (`tpu-course grade` re-runs the notebook and
@@ -119,7 +123,35 @@ if ch08.LAB.predicted("Exercise 1"):
     display(ch08.check_size_prediction(predicted_params, predicted_flops_per_token))
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 2: the shardings of attention for tensor parallelism
+# ## Exercise 2: causal attention
+#
+# Write `causal_attention(q, k, v)`: `q`, `k` and `v` are (batch, length, heads,
+# head_dim). For every head, query position i scores each key j with
+# q_i . k_j / sqrt(head_dim); keys after the query (j > i) are masked out (their score
+# set to -inf); a softmax over the keys turns the scores into weights; the output at i is
+# the weighted sum of the values. Return (batch, length, heads, head_dim) **in the dtype
+# that came in** (bfloat16 in, bfloat16 out; computing the softmax in float32 inside is
+# fine). The check tries a float32 and a bfloat16 case; the grader also tries other
+# (odd) lengths, head counts and widths.
+
+# %%
+def causal_attention(q, k, v):
+    ### BEGIN SOLUTION Exercise 2 (causal attention)
+    length = q.shape[1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+    scores = scores / math.sqrt(q.shape[-1])
+    causal = jnp.tril(jnp.ones((length, length), bool))  # key j <= query i
+    scores = jnp.where(causal, scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # over the keys
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v).astype(q.dtype)
+    ### END SOLUTION
+
+
+# %%
+ch08.check_causal_attention(causal_attention)
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 3: the shardings of attention for tensor parallelism
 #
 # A (4, 2) mesh: `"data"` (FSDP: each weight split over it, gathered where it is used)
 # and `"model"` (tensor parallelism: each device computes some of the heads). The check
@@ -144,7 +176,7 @@ pprint.pp(jax.tree.map(jnp.shape, state[0]), width=88)
 
 # %%
 def attention_shardings(state, mesh):
-    ### BEGIN SOLUTION Exercise 2 (shardings of attention for tensor parallelism)
+    ### BEGIN SOLUTION Exercise 3 (shardings of attention for tensor parallelism)
     layout = {"embed": P("data", None), "wo": P("model", None, "data")}
     for name in ("wq", "wk", "wv"):
         layout[name] = P("data", "model", None)
@@ -164,7 +196,7 @@ def attention_shardings(state, mesh):
 ch08.check_attention_shardings(attention_shardings)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 3: a remat policy that fits the budget
+# ## Exercise 4: a remat policy that fits the budget
 #
 # The check compiles the training step of a stack of 4 pre-norm blocks (attention and an
 # MLP, as `lm.Block`), scanned over the layers, with each block under
@@ -182,61 +214,121 @@ pprint.pp(ch08.POLICIES, width=88)
 print("layers, batch, length, d_model, d_ff, heads:", ch08.REMAT_SHAPE)
 
 # %%
-### BEGIN SOLUTION Exercise 3 (a remat policy that fits the budget)
+### BEGIN SOLUTION Exercise 4 (a remat policy that fits the budget)
 chosen_policy = "dots_with_no_batch_dims_saveable"  # weight matmuls, not the scores
 ### END SOLUTION
 
 # %%
-ch08.LAB.predict("Exercise 3", chosen_policy)
+ch08.LAB.predict("Exercise 4", chosen_policy)
 
 # %% [markdown]
 # Every policy compiled, once your prediction is recorded (a few seconds each):
 
 # %% tags=["nbval-ignore-output"]
-if ch08.LAB.predicted("Exercise 3"):
+if ch08.LAB.predicted("Exercise 4"):
     for name in ch08.POLICIES:
         temp, flops = ch08.remat_measurement(name)
         print(f"{name:<34} {temp / 1e6:6.1f} MB temporaries  {flops / 1e6:8.1f} MFLOPs")
     display(ch08.check_remat_policy(chosen_policy))
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 4: the KV-cache decode step
+# ## Exercise 5: resume training from a checkpoint
 #
-# Write `decode_step(weights, x, cache, pos)` for one new token per sequence:
-# `weights` holds `wq`, `wk`, `wv` (d, heads, head_dim) and `wo` (heads, head_dim, d);
-# `x` is (batch, d), the new token's input; `cache = (keys, values)`, each (batch,
-# length, heads, head_dim), holds the keys and values of positions `0..pos-1` (what lies
-# beyond is stale); `pos` is an int32 that is traced under `jax.jit`. Return `(out,
-# (keys, values))`: the attention output (batch, d) of the new token, which sees
-# positions `0..pos` (itself included), and the cache with its key and value written at
-# `pos`, both in the dtypes that came in (a bfloat16 cache stays bfloat16). The check
-# traces it under `jax.jit`, runs it from position 9 to the end feeding back the cache
-# (and a bfloat16 case from position 8), and compares every output and the final cache
-# with a full recomputation of causal attention. The grader also runs other batch sizes,
-# head counts, widths, lengths and positions.
+# `ch08.resume_problem()` hands over a small model to train: `problem.init()` gives a
+# fresh `(params, opt_state)`, `problem.step(params, opt_state, inputs, targets)` is one
+# compiled training step returning `(params, opt_state, loss)`, and the batch of step k
+# is `textdata.batch_at(problem.corpus, k, problem.batch, problem.length, problem.seed)`.
+#
+# Write `train(directory, steps, problem)` that trains up to `steps` steps and returns
+# the params: with `ocp.CheckpointManager(directory)` find the latest saved step
+# (`latest_step()`, None when there is none), restore the params **and** the optimizer
+# state saved there, train the steps from there to `steps` (call `problem.step` once
+# per step, on that step's own batch), save the state under the number of steps trained,
+# and return the params. The check runs `train` to 5 steps in one folder, and in
+# another to 2 steps, then again to 5 (a restart): both must give the same parameters,
+# bit for bit, and the restarted call must run only the 3 steps left. The grader also
+# tries other lengths and stopping points.
 
 # %%
-def decode_step(weights, x, cache, pos):
-    ### BEGIN SOLUTION Exercise 4 (the KV-cache decode step)
-    keys, values = cache
-    q, k, v = (jnp.einsum("bd,dhk->bhk", x, weights[n]) for n in ("wq", "wk", "wv"))
-    keys = keys.at[:, pos].set(k.astype(keys.dtype))
-    values = values.at[:, pos].set(v.astype(values.dtype))
-    scores = jnp.einsum("bhk,bthk->bht", q, keys).astype(jnp.float32)
-    scores = scores / math.sqrt(q.shape[-1])
-    visible = jnp.arange(keys.shape[1]) <= pos  # itself and the past, never the future
-    scores = jnp.where(visible[None, None, :], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    out = jnp.einsum("bht,bthk,hkd->bd", probs, values, weights["wo"])
-    return out, (keys, values)
+import orbax.checkpoint as ocp
+
+from tpu_course import textdata
+
+problem = ch08.resume_problem()
+problem
+
+
+# %%
+def train(directory, steps, problem):
+    ### BEGIN SOLUTION Exercise 5 (resume training from a checkpoint)
+    manager = ocp.CheckpointManager(directory)
+    params, opt_state = problem.init()
+    start = manager.latest_step() or 0  # steps already trained
+    if start:
+        state = manager.restore(start, args=ocp.args.StandardRestore(
+            {"params": params, "opt_state": opt_state}))
+        params, opt_state = state["params"], state["opt_state"]
+    for step in range(start, steps):
+        inputs, targets = textdata.batch_at(problem.corpus, step, problem.batch,
+                                            problem.length, problem.seed)
+        params, opt_state, loss = problem.step(params, opt_state, inputs, targets)
+    if steps > start:
+        manager.save(steps, args=ocp.args.StandardSave(
+            {"params": params, "opt_state": opt_state}))
+    manager.wait_until_finished()
+    manager.close()
+    return params
     ### END SOLUTION
 
 
 # %%
-ch08.check_decode_step(decode_step)
+ch08.check_resume(train)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 5: the batch where decoding turns compute-bound
+# ## Exercise 6: the decode loop with a KV cache
+#
+# Write `generate(model, prompt, steps, key, temperature, top_k)` returning the `steps`
+# new bytes, (batch, steps), of an `lm.LM` continuing `prompt` (batch, length):
+#
+# * **prefill**: `logits, cache = model.decode(prompt, lm.init_cache(model.config,
+#   batch))`, once; the next byte comes from `logits[:, -1]`;
+# * **new byte i** (i = 0, 1, ...): at `temperature == 0`, the argmax of the logits
+#   (greedy); otherwise, with `top_k` given, every logit below the `top_k`-th largest set
+#   to `-inf`, then `jax.random.categorical(jax.random.fold_in(key, i), logits /
+#   temperature)`;
+# * then `model.decode(byte[:, None], cache)` with the cache the last call returned,
+#   for the next logits.
+#
+# That key protocol makes sampling checkable exactly. The check runs a greedy and a
+# sampled case on `ch08.decode_model()`; the grader also tries other prompts,
+# temperatures and `top_k`.
+
+# %%
+def generate(model, prompt, steps, key, temperature=0.0, top_k=None):
+    ### BEGIN SOLUTION Exercise 6 (the decode loop with a KV cache)
+    cache = lm.init_cache(model.config, prompt.shape[0])
+    logits, cache = model.decode(prompt, cache)  # prefill: the whole prompt at once
+    new = []
+    for i in range(steps):
+        last = logits[:, -1]
+        if temperature == 0:
+            byte = jnp.argmax(last, axis=-1)
+        else:
+            if top_k is not None:
+                kth = jax.lax.top_k(last, top_k)[0][:, -1:]
+                last = jnp.where(last >= kth, last, -jnp.inf)
+            byte = jax.random.categorical(jax.random.fold_in(key, i), last / temperature)
+        new.append(byte)
+        logits, cache = model.decode(byte[:, None].astype(jnp.int32), cache)
+    return jnp.stack(new, axis=1)
+    ### END SOLUTION
+
+
+# %%
+ch08.check_generate(generate)
+
+# %% [markdown] workshop={"agenda": "self-paced"}
+# ## Exercise 7: the batch where decoding turns compute-bound
 #
 # One decode step reads every weight once (bf16: 2 bytes per parameter) and each
 # sequence's KV cache (bf16 keys and values: 2 x layers x d_model numbers per cached
@@ -252,7 +344,7 @@ print(ch08.DECODE_CHIP, "at position", ch08.DECODE_POSITION)
 print(hardware.get(ch08.DECODE_CHIP).summary())
 
 # %%
-### BEGIN SOLUTION Exercise 5 (the batch where decoding turns compute-bound)
+### BEGIN SOLUTION Exercise 7 (the batch where decoding turns compute-bound)
 chip = hardware.get("v5e")
 t = 15 + 1
 d, L, V, T = 2048, 24, 256, 2048  # width, layers, bytes, context
@@ -266,14 +358,14 @@ predicted_batch = ridge * 2 * weights_n / (flops_one - ridge * cache_one)
 ### END SOLUTION
 
 # %%
-ch08.LAB.predict("Exercise 5", predicted_batch)
+ch08.LAB.predict("Exercise 7", predicted_batch)
 
 # %% [markdown]
 # The course's roofline (`lm.decode_cost`) at batch sizes around it, once your
 # prediction is recorded:
 
 # %%
-if ch08.LAB.predicted("Exercise 5"):
+if ch08.LAB.predicted("Exercise 7"):
     for b in (1, 64, 256, 351, 1024):
         cost = lm.decode_cost(ch08.decode_config(), b, ch08.DECODE_POSITION)
         ridge_v5e = hardware.get(ch08.DECODE_CHIP).critical_intensity()

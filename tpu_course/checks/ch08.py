@@ -1,12 +1,13 @@
 """Lab 8 (the chapter-8 language model). Expected outputs come from the course's instruments
-(the model's leaves, the chapter's count, one device's steps, each remat policy compiled, a
-float64 attention, the decode roofline); keys live in ``grading/ch08.py``."""
+(the model's leaves, the chapter's count, one device's steps, each remat policy compiled, an
+uninterrupted run, the decode roofline); keys live in ``grading/ch08.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -84,9 +85,60 @@ check_size_prediction = LAB.add(Exercise(
          "head. FLOPs: 6 per multiplying parameter per token (the tables are lookups) plus "
          "attention's 12 x layers x d_model x context"))
 
-# -- Exercise 2: shardings of attention for tensor parallelism --------------------------------
+# -- Exercise 2: causal attention ----------------------------------------------------------------
 
-#: The attention model exercise 2 shards: ``(vocab, d_model, heads, head_dim)``.
+def attention_inputs(shape: tuple[int, ...], dtype: str, seed: int) -> tuple[Any, Any, Any]:
+    """Exercise 2's ``(q, k, v)``: (batch, length, heads, head_dim) normal values in ``dtype``."""
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.normal(0, 1, shape), dtype) for _ in range(3))
+
+def _probe_attention(answer, case):
+    """The learner's attention on the case's inputs: its output as it came (dtype kept)."""
+    q, k, v = attention_inputs(tuple(case.args["shape"]), case.args["dtype"], case.args["seed"])
+    try:
+        out = answer["causal_attention"](q, k, v)
+    except Exception as err:  # noqa: BLE001 - a learner's error, reported as data
+        raise _failed(err, "causal_attention(q, k, v)", "q, k and v are (batch, length, heads, "
+                      "head_dim); return the same shape") from None
+    if np.shape(out) != tuple(case.args["shape"]):
+        raise Wrong(f"causal_attention returned shape {np.shape(out)}, expected "
+                    f"{tuple(case.args['shape'])}", "one output vector per query position "
+                    "and head: (batch, length, heads, head_dim), the shape of q")
+    return out
+
+def _attention_compare(got, want, case):
+    if not isinstance(got, np.ndarray) or got.shape != want.shape:
+        raise ValueError("not an array of the expected shape")  # refused as unreadable
+    if got.dtype != want.dtype:
+        return f"{want.dtype} came in, and your output is {got.dtype}"
+    tol = 1e-4 if want.dtype == np.float32 else 3e-2
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    scale = max(float(np.nanmax(np.abs(w), initial=0.0)), 1.0)
+    bad = ~np.isclose(g, w, rtol=tol, atol=tol * scale, equal_nan=True)  # NaN: a known mistake's
+    if not bad.any():
+        return None
+    b, t, h, _ = (int(i) for i in np.argwhere(bad)[0])
+    what = "is NaN" if np.isnan(g[b, t, h]).any() else "differs from causal attention's"
+    return (f"the output of query position {t} (sequence {b}, head {h}) {what}; "
+            f"{int(bad.any(axis=(0, 2, 3)).sum())} of {w.shape[1]} positions are wrong")
+
+def _causal_case(shape, dtype, seed, label):  # shape: (batch, length, heads, head_dim)
+    b, t, h, k = shape
+    return Case(f"{label}: batch {b}, length {t}, {h} heads of {k}, {dtype}",
+                {"shape": shape, "dtype": dtype, "seed": seed})
+
+check_causal_attention = LAB.add(Exercise(
+    "Exercise 2 (causal attention)", minutes=15, provides=("causal_attention",),
+    cases=(_causal_case((2, 7, 2, 8), "float32", 0, "float32"),
+           _causal_case((1, 5, 3, 16), "bfloat16", 1, "bfloat16 in, bfloat16 out")),
+    probe=_probe_attention,
+    compare=_readable(_attention_compare, "return an array of the shape of q, in q's dtype"),
+    hint="scores q . k / sqrt(head_dim) for every query and key of the same head, keys after "
+         "the query masked out, a softmax over the keys, then the weighted sum of the values"))
+
+# -- Exercise 3: shardings of attention for tensor parallelism --------------------------------
+
+#: The attention model exercise 3 shards: ``(vocab, d_model, heads, head_dim)``.
 ATTENTION_SHAPE = (256, 64, 4, 16)
 #: Each attention weight's (heads axis, head_dim axis): "model" splits the heads.
 _HEAD_AXES = {"wq": (1, 2), "wk": (1, 2), "wv": (1, 2), "wo": (0, 1)}
@@ -231,7 +283,7 @@ def _attention_case(shape, mesh_shape):
                 {"shape": shape, "mesh_shape": mesh_shape})
 
 check_attention_shardings = LAB.add(Exercise(
-    "Exercise 2 (shardings of attention for tensor parallelism)", minutes=25,
+    "Exercise 3 (shardings of attention for tensor parallelism)", minutes=25,
     provides=("attention_shardings",), cases=(_attention_case(ATTENTION_SHAPE, (4, 2)),),
     probe=_probe_shardings, expect=lambda case: single_device_losses(tuple(case.args["shape"])),
     compare=_readable(lambda got, want, case: (_attention_problem(got, want) or (0, None))[1],
@@ -241,14 +293,14 @@ check_attention_shardings = LAB.add(Exercise(
     time_limit_s=240, hint="heads on 'model', FSDP on 'data', the embedding's rows on 'data', "
                            "Adam's moments like their parameters, scalars replicated"))
 
-# -- Exercise 3: a remat policy that fits the budget ------------------------------------------
+# -- Exercise 4: a remat policy that fits the budget ------------------------------------------
 
-#: The memory budget of exercise 3: temporary bytes of the compiled training step.
+#: The memory budget of exercise 4: temporary bytes of the compiled training step.
 REMAT_BUDGET_BYTES = 10_000_000
-#: The policies exercise 3 chooses from (names in ``jax.checkpoint_policies``; "none").
+#: The policies exercise 4 chooses from (names in ``jax.checkpoint_policies``; "none").
 POLICIES = ("none", "everything_saveable", "dots_saveable",
             "dots_with_no_batch_dims_saveable", "nothing_saveable")
-#: The stack exercise 3 compiles: (layers, batch, length, d_model, d_ff, heads).
+#: The stack exercise 4 compiles: (layers, batch, length, d_model, d_ff, heads).
 REMAT_SHAPE = (4, 8, 64, 64, 256, 4)
 _SAVES = {"none": "no remat keeps every activation for the backward pass",
           "everything_saveable": "everything_saveable saves every intermediate, as no remat",
@@ -311,7 +363,7 @@ def _remat_compare(got, want, case):
             f"{flops / remat_measurement(want)[1] - 1:.0%} more FLOPs")
 
 check_remat_policy = LAB.add(Exercise(
-    "Exercise 3 (a remat policy that fits the budget)", minutes=15, kind="predict",
+    "Exercise 4 (a remat policy that fits the budget)", minutes=15, kind="predict",
     provides=("chosen_policy",), probe=_policy_name, compare=_readable(_remat_compare, _ONE_OF),
     # measured: of the policies whose step fits the budget, the one with the fewest FLOPs
     expect=lambda case: min((p for p in POLICIES if not _over_budget(p)),
@@ -323,115 +375,194 @@ check_remat_policy = LAB.add(Exercise(
                    when=lambda got, want, case: got in POLICIES and not _over_budget(got))),
     hint="which policies' steps fit the budget, and which of those recomputes the least?"))
 
-# -- Exercise 4: the KV-cache decode step ------------------------------------------------------
+# -- Exercise 5: resume training from a checkpoint ------------------------------------------------
 
-def decode_problem(shape: tuple[int, ...], start: int, seed: int) -> dict[str, Any]:
-    """Weights, inputs and the cache a decode from ``start`` begins with (float64): keys and
-    values of positions before ``start``, a longer earlier sequence's entries after it."""
-    b, t, h, k, d = shape
-    rng = np.random.default_rng(seed)
-    w = {n: rng.normal(0, d ** -0.5, (d, h, k)) for n in ("wq", "wk", "wv")}
-    w["wo"] = rng.normal(0, (h * k) ** -0.5, (h, k, d))
-    xs = rng.normal(0, 1, (b, t, d))
-    keys, values = (np.einsum("btd,dhk->bthk", xs, w[n]) for n in ("wk", "wv"))
-    stale, early = rng.normal(0, 3, (2, b, t, h, k)), np.arange(t)[None, :, None, None] < start
-    return {"w": w, "xs": xs, "keys": keys, "values": values,
-            "cache": (np.where(early, keys, stale[0]), np.where(early, values, stale[1]))}
+@dataclasses.dataclass(frozen=True)
+class ResumeProblem:
+    """What exercise 5's ``train`` trains: ``init()`` gives a fresh ``(params, opt_state)``
+    (a byte-bigram model and AdamW's state), ``step(params, opt_state, inputs, targets)``
+    is one compiled training step ``-> (params, opt_state, loss)``, and batch ``k`` is
+    ``textdata.batch_at(corpus, k, batch, length, seed)``."""
 
-def decode_truth(shape: tuple[int, ...], start: int, dtype: str, seed: int) -> dict[str, Any]:
-    """What the step must give: causal attention of each position from ``start`` on, in
-    float64 from scratch, and the cache holding every position's key and value."""
-    p, softmax = decode_problem(shape, start, seed), lambda s, axis: (e := np.exp(
-        s - s.max(axis, keepdims=True))) / e.sum(axis, keepdims=True)
-    q = np.einsum("btd,dhk->bthk", p["xs"], p["w"]["wq"])
-    att = _causal(q, p["keys"], p["values"], np, softmax)[:, start:]
-    return {"out": np.einsum("bqhk,hkd->qbd", att, p["w"]["wo"]), "keys": p["keys"],
-            "values": p["values"], "dtypes": (dtype,) * 3}
+    corpus: np.ndarray
+    batch: int
+    length: int
+    seed: int
+    init: Callable[[], tuple[Any, Any]]
+    step: Callable[..., tuple[Any, Any, Any]]
 
-def _decode_flops_bound(case):  # above it, a step recomputes attention for every position:
-    b, t, h, k, d = case.args["shape"]  # twice one token's work plus half a t x t square
-    return 2 * (2 * b * (4 * d * h * k + 2 * t * h * k)) + b * h * t * t * k
+    def __repr__(self) -> str:
+        return (f"ResumeProblem(corpus of {self.corpus.size} bytes, batch={self.batch}, "
+                f"length={self.length}, seed={self.seed}, init(), step(...))")
 
-def _probe_decode(answer, case):
-    """The learner's step lowered under jit once (pos traced; one step's FLOPs), then run from
-    ``start`` to the cache's end, fed back its cache: the outputs, final cache and dtypes."""
-    (b, t, h, k, d), start, dtype = (case.args[n] for n in ("shape", "start", "dtype"))
-    fn, p = answer["decode_step"], decode_problem((b, t, h, k, d), start, case.args["seed"])
-    w = {n: jnp.asarray(a, dtype) for n, a in p["w"].items()}
-    cache, outs, dtypes, flops = tuple(jnp.asarray(c, dtype) for c in p["cache"]), [], None, None
-    for pos in range(start, t):
-        args = (w, jnp.asarray(p["xs"][:, pos], dtype), cache, jnp.int32(pos))
-        try:
-            with jax.default_matmul_precision("float32"):
-                flops = _flops(jax.jit(fn).lower(*args)) if flops is None else flops
-                got = fn(*args)
-        except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
-                jax.errors.TracerBoolConversionError):
-            raise Wrong("your step uses pos as a Python number, but pos changes every step and "
-                        "is traced under jit", "write at pos with jax.lax.dynamic_update_slice "
-                        "(or .at[:, pos].set) and mask with jnp.arange(length) <= pos") from None
-        except Exception as err:  # noqa: BLE001 - a learner's error, reported as data
-            raise _failed(err, f"decode_step at pos={pos}", "weights is a dict of wq, wk, wv "
-                          "(d, heads, head_dim) and wo (heads, head_dim, d); x is (batch, d); "
-                          "cache is a tuple (keys, values) of (batch, length, heads, head_dim); "
-                          "pos an int32 traced by jit") from None
-        pair = lambda v: isinstance(v, (tuple, list)) and len(v) == 2
-        out, cache = (got[0], tuple(got[1])) if pair(got) and pair(got[1]) else (None, ())
-        if np.shape(out) != (b, d) or [np.shape(c) for c in cache] != [(b, t, h, k)] * 2:
-            raise Wrong(f"decode_step should return (out, (keys, values)) of shapes {(b, d)} "
-                        f"and {(b, t, h, k)}, not {str(jax.tree.map(np.shape, got))[:80]}",
-                        "one output vector per sequence; the cache keeps its shape")
-        dtypes = dtypes or tuple(str(jnp.asarray(a).dtype) for a in (out, *cache))
-        outs.append(np.asarray(out, np.float32))
-    return {"out": np.stack(outs), "keys": np.asarray(cache[0], np.float32),
-            "values": np.asarray(cache[1], np.float32), "dtypes": dtypes, "flops": flops}
+@functools.lru_cache(maxsize=4)
+def _bigram(width: int) -> tuple[Any, Any]:  # (tx, compiled step) of a byte-bigram model
+    tx = optax.adamw(1e-2)
 
-def _decode_compare(got, want, case):
-    if any(np.shape(got[n]) != np.shape(want[n]) for n in ("out", "keys", "values")):
-        raise ValueError("shapes")  # refused as unreadable
-    start, tol = case.args["start"], {"float32": 1e-4, "bfloat16": 3e-2}[case.args["dtype"]]
-    scale = max(float(np.abs(want["out"]).max()), 1.0)
-    for i, (o, w) in enumerate(zip(got["out"], want["out"])):
-        if not np.allclose(o, w, atol=tol * scale, rtol=tol):
-            return (f"at pos={start + i} the output differs from a full recomputation of causal "
-                    f"attention (largest difference {np.abs(o - w).max():.3g})")
-    for name in ("keys", "values"):
-        bad = ~np.isclose(got[name], want[name], atol=4 * tol, rtol=tol).all(axis=(0, 2, 3))
-        if bad.any():
-            return (f"after the last step, the {name} of the cache you return differ from every "
-                    f"position's at position {int(np.argmax(bad))}")
-    if tuple(got["dtypes"]) != tuple(want["dtypes"]):
-        return (f"{case.args['dtype']} came in, but out, keys and values come back as "
-                f"{', '.join(got['dtypes'])}")
-    if float(got["flops"]) > _decode_flops_bound(case):
-        return f"one step costs {got['flops']:,.0f} FLOPs: it recomputes attention for every token"
+    def loss(params, inputs, targets):
+        logits = params["embed"][inputs] @ params["head"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    def step(params, opt_state, inputs, targets):
+        value, grads = jax.value_and_grad(loss)(params, inputs, targets)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return tx, jax.jit(step, compiler_options=_O0)
+
+def resume_problem(seed: int = 0, width: int = 8) -> ResumeProblem:
+    """A problem small enough to train a few steps in a fraction of a second."""
+    tx, step = _bigram(width)
+
+    def init():
+        rng = np.random.default_rng(seed)
+        params = {"embed": rng.normal(0, 1, (lm.VOCAB, width)).astype(np.float32),
+                  "head": np.zeros((width, lm.VOCAB), np.float32)}
+        return params, tx.init(params)
+
+    corpus = np.random.default_rng(seed + 1).integers(0, 256, 4096).astype(np.uint8)
+    return ResumeProblem(corpus, 4, 8, seed, init, step)
+
+def resume_truth(steps: int, stop: int, seed: int) -> dict[str, Any]:
+    """An uninterrupted run of ``steps`` steps (no checkpoint): what both runs must give."""
+    from tpu_course import textdata
+
+    problem = resume_problem(seed)
+    params, opt_state = problem.init()
+    for k in range(steps):
+        batch = textdata.batch_at(problem.corpus, k, problem.batch, problem.length, seed)
+        params, opt_state, _ = problem.step(params, opt_state, *batch)
+    params = {n: np.asarray(a) for n, a in params.items()}
+    return {"uninterrupted": params, "resumed": params, "steps_run": (steps, stop, steps - stop)}
+
+def _probe_resume(answer, case):
+    """The learner's ``train`` run to ``steps`` in one folder; in another, to ``stop``, then
+    again to ``steps`` (a restart): both runs' parameters and the steps each call ran."""
+    import tempfile
+
+    steps, stop, seed = (case.args[n] for n in ("steps", "stop", "seed"))
+    problem, calls = resume_problem(seed), [0]
+
+    def counted(*args):
+        calls[0] += 1
+        return problem.step(*args)
+
+    counting = dataclasses.replace(problem, step=counted)
+    runs, ran = [], []
+    with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as split:
+        for directory, until in ((whole, steps), (split, stop), (split, steps)):
+            calls[0] = 0
+            try:
+                params = answer["train"](directory, until, counting)
+            except Exception as err:  # noqa: BLE001 - a learner's error, reported as data
+                raise _failed(err, f"train(directory, {until}, problem)", "train(directory, "
+                              "steps, problem): restore the latest step if there is one, train "
+                              "on to steps with problem.step, save, return the params") from None
+            if not isinstance(params, dict) or set(params) != {"embed", "head"}:
+                raise Wrong(f"train returned {str(params)[:60]}, not the parameters",
+                            "return the params dict (embed, head) after the last step")
+            runs.append({n: np.asarray(a, np.float32) for n, a in params.items()})
+            ran.append(calls[0])
+    return {"uninterrupted": runs[0], "resumed": runs[2], "steps_run": tuple(ran)}
+
+def _resume_compare(got, want, case):
+    steps, stop = case.args["steps"], case.args["stop"]
+    if tuple(got["steps_run"]) != tuple(want["steps_run"]):
+        (whole, first, second), left = got["steps_run"], steps - stop
+        if whole != steps or first != stop:
+            return f"train(directory, {steps}) in an empty folder ran {whole} steps, not {steps}"
+        return (f"stopped at step {stop}, train(directory, {steps}) ran {second} steps "
+                f"again, not the {left} left")
+    for run in ("uninterrupted", "resumed"):
+        for name in ("embed", "head"):
+            g, w = got[run][name], want[run][name]
+            if g.shape != w.shape or not np.allclose(g, w, rtol=1e-6, atol=1e-7):
+                return ({"uninterrupted": f"train(directory, {steps}) in an empty folder does "
+                                          f"not give {steps} steps' parameters ({name})",
+                         "resumed": f"stopped at step {stop} and resumed to {steps}, the "
+                                    f"parameters ({name}) differ from an uninterrupted run's"
+                         }[run])
     return None
 
-def _decode_case(shape, start, dtype, seed, label):  # shape: (batch, length, heads, head_dim, d)
-    b, t, h, k, d = shape
-    return Case(f"{label}: batch {b}, {h} heads of {k}, d_model {d}, {dtype}, from position "
-                f"{start} to the end of a cache of {t}",
-                {"shape": shape, "start": start, "dtype": dtype, "seed": seed})
+def _resume_case(steps, stop, seed, label):
+    return Case(f"{label}: {steps} steps, stopped after {stop}", {"steps": steps, "stop": stop,
+                                                                "seed": seed})
 
-check_decode_step = LAB.add(Exercise(
-    "Exercise 4 (the KV-cache decode step)", minutes=25, provides=("decode_step",),
-    cases=(_decode_case((2, 16, 4, 8, 32), 9, "float32", 0, "the chapter's shape"),
-           _decode_case((1, 12, 2, 8, 16), 8, "bfloat16", 1, "a bf16 cache")),
-    probe=_probe_decode, compare=_readable(_decode_compare, "return out, (keys, values)"),
-    expect=lambda case: decode_truth(**case.args), time_limit_s=120,
-    rules=(Mistake("the cache exists so that a step computes only the new token's query, key "
-                   "and value and one row of scores: no length x length matrix",
-                   when=lambda got, want, case: got["flops"] > _decode_flops_bound(case)),),
-    hint="compare your step with the chapter's attention: the new token's query against the "
-         "cached keys 0..pos (its own key written at pos first), softmax, times the values"))
+check_resume = LAB.add(Exercise(
+    "Exercise 5 (resume training from a checkpoint)", minutes=20, provides=("train",),
+    cases=(_resume_case(5, 2, 0, "the lab's run"),), probe=_probe_resume,
+    expect=lambda case: resume_truth(**case.args), time_limit_s=120,
+    compare=_readable(_resume_compare, "return the params dict (embed, head)"),
+    hint="the step to continue from is the latest saved one; restore params and optimizer "
+         "state from it, and train steps latest..steps-1 on their own batches, batch_at(step)"))
 
-# -- Exercise 5: the batch where decoding turns compute-bound ----------------------------------
+# -- Exercise 6: the decode loop with a KV cache --------------------------------------------------
 
-#: Exercise 5's chip and cache position, for a model the chapter did not train.
+#: The model exercise 6 decodes with: one block, float32 matmuls, a random output head.
+DECODE_LOOP_CONFIG = lm.LMConfig(d_model=32, heads=2, layers=1, d_ff=64, context=24,
+                                 compute_dtype="float32")
+
+@functools.lru_cache(maxsize=2)
+def decode_model(seed: int = 0) -> lm.LM:
+    """``lm.LM(DECODE_LOOP_CONFIG)`` with a random output head (a fresh model's is zero:
+    every byte equally likely), so that greedy and sampled bytes differ from step to step."""
+    model = lm.LM(DECODE_LOOP_CONFIG, rngs=nnx.Rngs(seed))
+    head = np.random.default_rng(seed).normal(0, 0.5, model.head[...].shape)
+    model.head[...] = jnp.asarray(head, jnp.float32)
+    return model
+
+def _probe_generate(answer, case):
+    """The learner's ``generate`` on the case's prompt and key: the new bytes."""
+    b, p, steps = case.args["batch"], case.args["prompt_len"], case.args["steps"]
+    prompt = jnp.asarray(np.random.default_rng(case.args["seed"]).integers(0, 256, (b, p)),
+                         jnp.int32)
+    key = jax.random.key(case.args["seed"])
+    try:
+        out = answer["generate"](decode_model(), prompt, steps, key,
+                                 case.args["temperature"], case.args["top_k"])
+    except Exception as err:  # noqa: BLE001 - a learner's error, reported as data
+        raise _failed(err, "generate(model, prompt, steps, key, temperature, top_k)",
+                      "prefill with model.decode(prompt, lm.init_cache(model.config, batch)), "
+                      "then one model.decode(token[:, None], cache) per new byte") from None
+    if np.shape(out) != (b, steps):
+        hint = ("return the new bytes only, not the prompt before them" if np.shape(out) == (
+            b, p + steps) else "one row per sequence, one column per new byte")
+        raise Wrong(f"generate returned shape {np.shape(out)}, expected {(b, steps)}", hint)
+    return np.asarray(out).astype(np.int64)
+
+def _generate_compare(got, want, case):
+    if not isinstance(got, np.ndarray) or got.shape != want.shape:
+        raise ValueError("shape")  # refused as unreadable
+    bad = np.argwhere(got != want)
+    if not len(bad):
+        return None
+    row, i = (int(n) for n in bad[np.argmin(bad[:, 1])])
+    return (f"new byte {i} of sequence {row} is {int(got[row, i])}; {int((got != want).sum())} of "
+            f"{got.size} bytes differ from the protocol's")
+
+def _generate_case(batch, prompt_len, steps, temperature, top_k, seed, label):
+    how = "greedy" if temperature == 0 else f"temperature {temperature}, top_k={top_k}"
+    return Case(f"{label}: {how}, batch {batch}, a prompt of {prompt_len}, {steps} new bytes",
+                {"batch": batch, "prompt_len": prompt_len, "steps": steps,
+                 "temperature": temperature, "top_k": top_k, "seed": seed})
+
+check_generate = LAB.add(Exercise(
+    "Exercise 6 (the decode loop with a KV cache)", minutes=25, provides=("generate",),
+    cases=(_generate_case(2, 4, 6, 0.0, None, 0, "greedy"),
+           _generate_case(3, 3, 8, 2.0, 4, 1, "sampled")),
+    probe=_probe_generate, compare=_readable(_generate_compare, "return (batch, steps) bytes"),
+    time_limit_s=120,
+    hint="prefill the prompt once; new byte i is argmax at temperature 0, else "
+         "jax.random.categorical(jax.random.fold_in(key, i), logits / temperature) with all "
+         "but the top_k largest logits set to -inf; then decode that byte with the cache"))
+
+# -- Exercise 7: the batch where decoding turns compute-bound ----------------------------------
+
+#: Exercise 7's chip and cache position, for a model the chapter did not train.
 DECODE_CHIP, DECODE_POSITION = "v5e", 15
 
 def decode_config() -> lm.LMConfig:
-    """Exercise 5's model."""
+    """Exercise 7's model."""
     return lm.LMConfig(d_model=2048, heads=16, layers=24, d_ff=8192, context=2048)
 
 def _ridge_compare(got, want, case):
@@ -441,7 +572,7 @@ def _ridge_compare(got, want, case):
     return f"your batch {got:,.0f} is {got / want:.2f}x the roofline's"
 
 check_ridge_batch = LAB.add(Exercise(
-    "Exercise 5 (the batch where decoding turns compute-bound)", minutes=10, kind="predict",
+    "Exercise 7 (the batch where decoding turns compute-bound)", minutes=10, kind="predict",
     provides=("predicted_batch",), compare=_ridge_compare,
     probe=lambda answer, case: number(answer["predicted_batch"], "predicted_batch"),
     expect=lambda case: lm.decode_ridge_batch(decode_config(), DECODE_CHIP, DECODE_POSITION),
