@@ -132,6 +132,28 @@ def test_generate_greedy_equals_repeated_argmax_of_the_full_model(tiny, fast):
     assert sampled.shape == (3, 10) and (sampled[:, :4] == prompt).all()
 
 
+def test_generate_top_k_samples_only_the_k_most_likely_bytes(tiny, fast):
+    prompt = tokens(3, 4, seed=5)
+    # the shapes and temperatures of the test above: nothing new to compile (top_k is
+    # traced). top_k=1 keeps the argmax alone: sampling is then greedy
+    np.testing.assert_array_equal(
+        lm.generate(tiny, prompt, steps=6, temperature=1.0, top_k=1, seed=3),
+        lm.generate(tiny, prompt, steps=6))
+    # top_k=3: every sampled byte is among the 3 largest logits of the full model there
+    out = lm.generate(tiny, prompt, steps=6, temperature=1.0, top_k=3, seed=4)
+    logits = np.asarray(fast(out))
+    for i in range(4, 10):
+        top3 = np.argsort(logits[:, i - 1], axis=-1)[:, -3:]
+        assert all(int(out[b, i]) in top3[b] for b in range(3)), (i, out[:, i], top3)
+    # top_k=256 (the whole vocabulary) is plain sampling, draw for draw
+    np.testing.assert_array_equal(
+        lm.generate(tiny, prompt, steps=6, temperature=1.0, top_k=256, seed=1),
+        lm.generate(tiny, prompt, steps=6, temperature=1.0, seed=1))
+    for bad in (0, 257, 2.0):
+        with pytest.raises(errors.CourseError, match="top_k"):
+            lm.generate(tiny, prompt, steps=2, temperature=1.0, top_k=bad)
+
+
 def test_flops_per_token_against_xlas_cost_analysis():
     # XLA counts the matmuls the formula counts plus norms, softmax, GELU and the
     # optimizer-free loss: measured 4-14 % above 6N + 12 L d T on jax 0.7.2 and 0.12
@@ -350,3 +372,75 @@ def test_cli_resumes_bit_for_bit_and_says_what_it_did(capsys, tmp_path):
     code, out, err = cli(capsys, "--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", ck)
     assert code == 2 and out == [] and len(err) == 1
     assert "holds 4/ without the course's manifest" in err[0] and "Nothing was trained" in err[0]
+
+
+MEMORY_ON_8 = """
+import json
+import jax, jax.numpy as jnp, optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+from tpu_course import hlo, lm
+
+config = lm.LMConfig(d_model=32, heads=2, layers=2, d_ff=64, context=16,
+                     compute_dtype="float32")
+from jax.sharding import AxisType
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+graphdef, params = nnx.split(nnx.eval_shape(lambda: lm.LM(config, rngs=nnx.Rngs(0))))
+
+def shard(path, leaf):
+    name = [k.key for k in path if isinstance(getattr(k, "key", None), str)][-1]
+    return NamedSharding(mesh, P(*lm.CHAPTER_SPECS[name]))
+
+shardings = jax.tree_util.tree_map_with_path(shard, params)
+abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        params, shardings)
+seqs = jax.ShapeDtypeStruct((8, 16), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+grad = hlo.inspect(jax.jit(jax.grad(lm.make_loss(graphdef)), out_shardings=shardings),
+                   abstract, seqs, seqs)
+tx = lm.make_optimizer(10)
+moments = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, params),
+                                shardings,
+                                transform_non_params=lambda _: NamedSharding(mesh, P()))
+init = hlo.inspect(jax.jit(tx.init, out_shardings=moments), abstract)
+budget = lm.memory_budget(config, {"data": 4, "model": 2}, batch=8)
+print(json.dumps({"rows": budget.rows(grad, init), "table": budget.table(grad)}))
+"""
+
+
+def test_memory_budget_against_xlas_memory_analysis_on_8_devices(subprocess_runner):
+    out = subprocess_runner(MEMORY_ON_8, devices=8, timeout_s=300)
+    rows = {name: (predicted, xla) for name, predicted, xla in out["rows"]}
+    for name in ("parameters (f32)", "gradients (f32)", "optimizer state"):
+        assert rows[name][1] == pytest.approx(rows[name][0], rel=0.01), name  # within 1 %
+    assert rows["activations, no remat"][1] > 0 and "XLA / predicted" in out["table"]
+    assert rows["activations, nothing_saveable"][0] < rows["activations, no remat"][0]
+
+
+def test_memory_budget_by_hand_and_bad_inputs():
+    b = lm.memory_budget(TINY, {"data": 1, "model": 1}, batch=2)
+    assert b.params_bytes == 4 * lm.param_count(TINY)  # one device holds everything
+    assert b.optimizer_bytes == 2 * b.params_bytes + 8 and b.batch_bytes == 2 * 2 * 16 * 4
+    d, f, h, t = 32, 64, 4, 16
+    per_token = 4 * (4 * d + 4 * d + 2 * f) + 4 * h * t + (4 * d + 4 * 256)
+    assert b.activations_bytes == 2 * t * per_token
+    with pytest.raises(errors.CourseValueError, match="axes 'data' and 'model'"):
+        lm.memory_budget(TINY, {"x": 8})
+    with pytest.raises(errors.CourseError, match="batch"):
+        lm.memory_budget(TINY, batch=0)
+    with pytest.raises(errors.CourseTypeError, match="hlo.inspect"):
+        b.rows(grad=object())
+
+
+def test_decode_table_is_the_roofline_per_chip():
+    table = lm.decode_table(lm.LMConfig.cpu(), ("v5e", "h200"), (1, 64), position=64)
+    for chip in ("v5e", "h200"):
+        for batch in (1, 64):
+            cost = lm.decode_cost(lm.LMConfig.cpu(), batch, 64)
+            assert table.tokens_per_s(chip, batch) == pytest.approx(
+                batch / cost.time_s(hardware.get(chip)))
+    text = str(table.beside("[CPU] measured", {1: 123.0}))
+    assert "[CPU] measured" in text and "123" in text and "h200 (bound)" in text
+    with pytest.raises(errors.CourseTypeError, match="chips"):
+        lm.decode_table(lm.LMConfig.cpu(), "v5e")
+    with pytest.raises(errors.CourseValueError, match="no row"):
+        table.tokens_per_s("v6e", 1)

@@ -158,3 +158,59 @@ def test_bad_arguments_name_themselves(tmp_path):
             profiling.read(directory)
     with pytest.raises(errors.CourseValueError, match=r"Profile.steps=0: expected an integer >= 1"):
         profiling.Profile((), "x", steps=0)
+
+
+def test_by_kind_takes_the_union_over_threads_per_step(tmp_path):
+    threads = {7: "python", 8: "tf_XLAEigen/1", 9: "tf_XLAEigen/2"}
+    write_trace(tmp_path, [
+        (7, "$profiler.py:471 trace", 0, 1000),  # the profiler starting: left out
+        (7, "TransferToDevice", 5, 10),  # a host transfer
+        (8, "ThunkExecutor::Execute", 0, 300),  # the runtime's wrapper: left out
+        (8, "dot.1", 100, 40), (9, "dot.1", 120, 40),  # two devices: union 60, not 80
+        (8, "fusion.7", 150, 10),  # named an optimizer op by `kinds`
+        (8, "fusion.8", 165, 5),  # attention's softmax, by `kinds`
+        (9, "all-reduce.2", 170, 30), (9, "Rendezvous", 175, 20),  # nested: union 30
+        (8, "Wait: pending_threads=1/4", 200, 90),  # a wait: left out
+        (8, "copy.3", 200, 20),
+    ], threads)
+    profile = profiling.read(tmp_path, steps=2)
+    summary = profile.by_kind({"fusion.7": "optimizer", "fusion.8": "attention"},
+                              collective_bytes=2e6)
+    assert [row[0] for row in summary.rows] == list(profiling.KINDS)
+    ms = {kind: t * 1e3 for kind, t, _ in summary.rows}  # microseconds per step
+    assert ms == pytest.approx({"matmul": 30, "attention": 2.5, "collectives": 15,
+                                "optimizer": 5, "host transfer": 5, "other": 10})
+    assert summary.window_ms == pytest.approx((220 - 5) / 2 / 1e3)
+    text = str(summary)
+    assert "union over all threads" in text and "start-up" in text
+    assert "2,000 kB per device predicted" in text and "counted in other" not in text
+    plain = profile.by_kind()  # without kinds: names only, attention folded into other
+    assert plain.ms("optimizer") == 0 and "counted in other" in str(plain)
+    with pytest.raises(errors.CourseTypeError, match="op_kinds"):
+        profile.by_kind(["dot.1"])
+    with pytest.raises(errors.CourseValueError, match="collective_bytes"):
+        profile.by_kind(collective_bytes=-1)
+
+
+def test_by_kind_of_a_real_train_step_names_its_matmuls_and_optimizer(tmp_path):
+    from flax import nnx
+
+    from tpu_course import lm
+
+    config = lm.LMConfig(d_model=32, heads=2, layers=1, d_ff=64, context=16,
+                         compute_dtype="float32")
+    graphdef, params = nnx.split(lm.LM(config, rngs=nnx.Rngs(0)))
+    tx = lm.make_optimizer(10)
+    step = jax.jit(lm.make_train_step(graphdef, tx))
+    opt_state = tx.init(params)
+    x = jnp.zeros((4, 16), jnp.int32)
+    kinds = profiling.op_kinds(step.lower(params, opt_state, x, x).compile().as_text())
+    assert {"matmul", "optimizer"} <= set(kinds.values())
+    step(params, opt_state, x, x)[2].block_until_ready()
+    with jax.profiler.trace(str(tmp_path)):
+        for _ in range(2):
+            params, opt_state, loss = step(params, opt_state, x, x)
+        loss.block_until_ready()
+    summary = profiling.read(tmp_path, steps=2).by_kind(kinds)
+    assert summary.ms("matmul") > 0 and summary.window_ms > 0
+    assert all(t <= summary.window_ms * (1 + 1e-9) for _, t, _ in summary.rows)

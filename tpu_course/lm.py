@@ -361,12 +361,14 @@ def _check_cache(cache: Any, config: LMConfig, shape: tuple) -> None:
 
 
 def generate(model: LM, prompt: Any, steps: int, *, temperature: float = 0.0,
-             seed: int = 0) -> jax.Array:
+             top_k: int | None = None, seed: int = 0) -> jax.Array:
     """``prompt`` (batch, p) bytes followed by ``steps`` new ones: (batch, p + steps).
 
     One prefill of the prompt fills the KV cache, then each step decodes one token
     from the cache (``lax.scan``: one compiled program). ``temperature`` 0 takes the
-    most likely byte (greedy); above 0 it samples from softmax(logits / temperature).
+    most likely byte (greedy); above 0 it samples from softmax(logits / temperature),
+    and with ``top_k`` only from the ``top_k`` most likely bytes (the rest get
+    probability 0; Fan et al. 2018). ``top_k`` does not change a greedy pick.
     A 1-D prompt is one sequence. Text is refused: pass its bytes, ``list(b"def ")``.
     """
     config = getattr(model, "config", None)
@@ -393,6 +395,8 @@ def generate(model: LM, prompt: Any, steps: int, *, temperature: float = 0.0,
             "start from, e.g. list(b'def ')")
     steps = errors.check_int("steps", steps, low=1)
     temperature = errors.check_number("temperature", temperature, low=0)
+    if top_k is not None:
+        top_k = errors.check_int("top_k", top_k, low=1, high=config.vocab)
     seed = errors.check_int("seed", seed, low=0)
     check_tokens(prompt, config, 0, name="prompt")
     context = config.context
@@ -401,17 +405,23 @@ def generate(model: LM, prompt: Any, steps: int, *, temperature: float = 0.0,
             f"prompt of {prompt.shape[1]} + steps={steps} exceeds the context of {context}"
             f"; ask for at most {context - prompt.shape[1]} steps or a shorter prompt")
     graphdef, state = nnx.split(model)
-    return _generate(graphdef, state, prompt, jax.random.key(seed), steps, temperature)
+    # top_k is traced, not static: one compiled program serves every k (None: all bytes)
+    keep = jnp.int32(config.vocab if top_k is None else top_k)
+    return _generate(graphdef, state, prompt, jax.random.key(seed), steps, temperature,
+                     keep)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "temperature"))
 def _generate(graphdef: Any, state: Any, prompt: jax.Array, key: jax.Array,
-              steps: int, temperature: float) -> jax.Array:
+              steps: int, temperature: float, top_k: jax.Array) -> jax.Array:
     model = nnx.merge(graphdef, state)
 
     def pick(logits: jax.Array, key: jax.Array) -> jax.Array:
         if temperature == 0:
             return jnp.argmax(logits, axis=-1).astype(prompt.dtype)
+        # keep the top_k largest logits (and ties with the k-th); top_k = vocab keeps all
+        kth = jnp.take(jnp.sort(logits, axis=-1), logits.shape[-1] - top_k, axis=-1)
+        logits = jnp.where(logits < kth[..., None], -jnp.inf, logits)
         return jax.random.categorical(key, logits / temperature).astype(prompt.dtype)
 
     cache = init_cache(model.config, prompt.shape[0])
@@ -861,6 +871,231 @@ def decode_ridge_batch(config: LMConfig, chip: hardware.Chip | str, position: in
     if denominator <= 0:
         return math.inf
     return ridge * one.weight_bytes / denominator
+
+
+# ------------------------------------------------------- memory per chip, and decode table
+
+#: The chapter's shardings (section 5), by parameter name: the mesh axis that cuts each
+#: array axis (None: not cut). FSDP on "data", tensor parallelism on "model".
+CHAPTER_SPECS: dict[str, tuple[str | None, ...]] = {
+    "embed": ("data", None), "positions": ("data", None), "head": ("data", None),
+    "wq": ("data", "model", None), "wk": ("data", "model", None),
+    "wv": ("data", "model", None), "wo": ("model", None, "data"),
+    "w_in": ("data", "model"), "w_out": ("model", "data"), "scale": (),
+}
+_ADAM_COUNTS_BYTES = 8  # make_optimizer's state: two int32 step counts (Adam's, the schedule's)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBudget:
+    """Predicted bytes per chip of one training step under :data:`CHAPTER_SPECS`.
+
+    ``params_bytes``, ``grads_bytes``: float32, each chip's shard; ``optimizer_bytes``:
+    Adam's two moments, sharded like the weights, and two int32 counts;
+    ``batch_bytes``: inputs and targets (int32) of the chip's sequences;
+    ``activations_bytes`` without remat and ``remat_activations_bytes`` with
+    ``nothing_saveable`` (see :func:`memory_budget` for the model). Compare with XLA's
+    ``memory_analysis()`` through :meth:`table`.
+    """
+
+    config: LMConfig
+    mesh_shape: tuple[tuple[str, int], ...]
+    batch: int
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    batch_bytes: float
+    activations_bytes: float
+    remat_activations_bytes: float
+
+    def total_bytes(self, remat: bool = False) -> float:
+        """Parameters + gradients + optimizer state + batch + activations."""
+        acts = self.remat_activations_bytes if remat else self.activations_bytes
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.batch_bytes + acts)
+
+    def rows(self, grad: Any = None, init: Any = None, grad_remat: Any = None
+             ) -> list[tuple[str, float, float | None]]:
+        """(quantity, predicted bytes, XLA's bytes or None) per row.
+
+        ``grad``: ``hlo.inspect`` of ``jax.grad(loss)`` compiled with the parameters'
+        shardings in and out (arguments: parameters and batch; outputs: the gradients;
+        temporaries: the activations and XLA's working space); ``grad_remat``: the same
+        with ``remat="nothing_saveable"``; ``init``: ``hlo.inspect`` of the optimizer's
+        ``init`` compiled with the moments' shardings (outputs: the optimizer state).
+        """
+        def get(report: Any, field: str, less: float = 0.0) -> float | None:
+            value = None if report is None else getattr(report, field, None)
+            if report is not None and not hasattr(report, "temp_bytes"):
+                raise errors.CourseTypeError(
+                    f"expected an hlo.inspect(...) report (argument_bytes, output_bytes, "
+                    f"temp_bytes), got {type(report).__name__}")
+            return None if value is None else float(value) - less
+
+        return [
+            ("parameters (f32)", self.params_bytes, get(grad, "argument_bytes",
+                                                        self.batch_bytes)),
+            ("gradients (f32)", self.grads_bytes, get(grad, "output_bytes")),
+            ("optimizer state", self.optimizer_bytes, get(init, "output_bytes")),
+            ("batch (int32)", self.batch_bytes, None),
+            ("activations, no remat", self.activations_bytes, get(grad, "temp_bytes")),
+            ("activations, nothing_saveable", self.remat_activations_bytes,
+             get(grad_remat, "temp_bytes")),
+        ]
+
+    def table(self, grad: Any = None, init: Any = None, grad_remat: Any = None) -> str:
+        """The rows as text: MiB predicted, MiB XLA reports, their ratio."""
+        from tpu_course import tables
+
+        out = []
+        for name, predicted, xla in self.rows(grad, init, grad_remat):
+            out.append((name, f"{predicted / 2**20:,.2f}",
+                        "-" if xla is None else f"{xla / 2**20:,.2f}",
+                        "-" if not xla or not predicted else f"{xla / predicted:.2f}"))
+        mesh = " x ".join(f"{k} {v}" for k, v in self.mesh_shape)
+        head = (f"per chip, mesh {mesh}, batch {self.batch} x {self.config.context}, "
+                f"compute {self.config.compute_dtype}")
+        return head + "\n" + tables.text(out, ("", "predicted MiB", "XLA MiB",
+                                               "XLA / predicted"), right=True)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def memory_budget(config: LMConfig, mesh_shape: dict[str, int] | None = None, *,
+                  batch: int = 32) -> MemoryBudget:
+    """Bytes per chip of a training step of ``LM(config)`` on a ``(data, model)`` mesh,
+    sharded as the chapter's section 5 shards it (:data:`CHAPTER_SPECS`).
+
+    Parameters, gradients: float32, each array's shard (an axis of n cut k ways keeps
+    ceil(n / k), as XLA pads it); Adam's two moments: the same again, twice, plus two
+    int32 counts. Activations, in ``config.compute_dtype`` (c bytes), for the chip's
+    ceil(``batch`` / data) x T tokens: per layer and token, the four d-vectors a block
+    keeps whole on every ``model`` device (its input, the first norm's output, the
+    residual after attention, the second norm's output) and, cut over ``model`` (m
+    devices), query, key, value and attention's output (4 d / m) and the MLP's hidden
+    layer before and after the GELU (2 F / m), plus the softmax's probabilities,
+    H T / m numbers in float32: c (4 d + (4 d + 2 F) / m) + 4 H T / m bytes. Then the
+    final norm's output (d, compute dtype) and the logits (256, float32). With
+    ``nothing_saveable`` a layer keeps only its input (d), and the backward pass holds
+    one layer's full set at a time. XLA's working space (gathered weights, bf16 copies,
+    fused temporaries, reused buffers) is not modelled: XLA's temporaries differ from
+    the activation rows by that (the ``table`` shows by how much).
+
+    >>> b = memory_budget(LMConfig.cpu(compute_dtype="float32"), batch=32)
+    >>> b.params_bytes, b.optimizer_bytes, round(b.activations_bytes / 2**20, 1)
+    (579072.0, 1158152.0, 31.5)
+    """
+    config = _check_config(config)
+    mesh_shape = {"data": 4, "model": 2} if mesh_shape is None else mesh_shape
+    if not isinstance(mesh_shape, dict) or set(mesh_shape) != {"data", "model"}:
+        raise errors.CourseValueError(
+            f"mesh_shape={mesh_shape!r}: expected the chapter's mesh as a dict with the "
+            "axes 'data' and 'model', e.g. {'data': 4, 'model': 2}")
+    sizes = {k: errors.check_int(f"mesh_shape[{k!r}]", v, low=1) for k, v in mesh_shape.items()}
+    batch = errors.check_int("batch", batch, low=1)
+    d, f, h, k, t = config.d_model, config.d_ff, config.heads, config.head_dim, config.context
+    shapes = [("embed", (config.vocab, d)), ("positions", (t, d)), ("scale", (d,)),
+              ("head", (d, config.vocab))]
+    shapes += config.layers * [("wq", (d, h, k)), ("wk", (d, h, k)), ("wv", (d, h, k)),
+                               ("wo", (h, k, d)), ("w_in", (d, f)), ("w_out", (f, d)),
+                               ("scale", (d,)), ("scale", (d,))]
+
+    def shard(name: str, shape: tuple[int, ...]) -> int:
+        spec = CHAPTER_SPECS[name] + (None,) * (len(shape) - len(CHAPTER_SPECS[name]))
+        return math.prod(-(-n // (sizes[a] if a else 1)) for n, a in zip(shape, spec))
+
+    params = 4.0 * sum(shard(name, shape) for name, shape in shapes)
+    tokens = -(-batch // sizes["data"]) * t
+    c = jnp.dtype(config.compute_dtype).itemsize
+    m = sizes["model"]
+    layer = c * (4 * d + (4 * d + 2 * f) / m) + 4 * h * t / m  # bytes per token
+    head = c * d + 4 * config.vocab
+    acts = tokens * (config.layers * layer + head)
+    remat = tokens * (config.layers * c * d + layer + head)
+    return MemoryBudget(config, tuple(sizes.items()), batch, params, params,
+                        2 * params + _ADAM_COUNTS_BYTES, 2.0 * tokens * 4, float(acts),
+                        float(remat))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeTable:
+    """Tokens/s per chip that the decode roofline allows: ``rows`` of (chip, batch,
+    tokens/s, 'memory' or 'compute'), at cache position ``position``; ``measured``: a
+    timed row to print beside it (label, {batch: tokens/s})."""
+
+    config: LMConfig
+    position: int
+    rows: tuple[tuple[str, int, float, str], ...]
+    measured: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+
+    def beside(self, label: str, tokens_per_s: dict[int, float]) -> "DecodeTable":
+        """The table with a measured row added (``label`` says where it was timed)."""
+        if not isinstance(label, str) or not isinstance(tokens_per_s, dict):
+            raise errors.CourseTypeError(
+                "beside(label, tokens_per_s): expected a label (str) and a dict of "
+                f"batch -> tokens/s, got {type(label).__name__}, "
+                f"{type(tokens_per_s).__name__}")
+        row = (label, tuple((int(b), float(v)) for b, v in tokens_per_s.items()))
+        return dataclasses.replace(self, measured=self.measured + (row,))
+
+    def tokens_per_s(self, chip: str, batch: int) -> float:
+        for name, b, value, _ in self.rows:
+            if (name, b) == (chip, batch):
+                return value
+        raise errors.CourseValueError(f"no row for chip {chip!r} at batch {batch} in "
+                                      "this table: pass them to decode_table")
+
+    def __str__(self) -> str:
+        from tpu_course import tables
+
+        batches = sorted({b for _, b, _, _ in self.rows})
+        chips = list(dict.fromkeys(name for name, _, _, _ in self.rows))
+        out = []
+        for chip in chips:
+            cells = {b: (v, kind) for name, b, v, kind in self.rows if name == chip}
+            out.append([f"{chip} (bound)"] + [
+                f"{cells[b][0]:,.0f}{'' if cells[b][1] == 'memory' else ' C'}"
+                if b in cells else "-" for b in batches])
+        for label, values in self.measured:
+            got = dict(values)
+            out.append([label] + [f"{got[b]:,.0f}" if b in got else "-" for b in batches])
+        head = ([f"tokens/s per chip, decode at cache position {self.position} "
+                 f"(bounds: bf16 weights and cache; C: compute-bound, else memory-bound)"])
+        return head[0] + "\n" + tables.text(out, [""] + [f"batch {b}" for b in batches],
+                                            right=True)
+
+
+def decode_table(config: LMConfig, chips: tuple[str, ...] = ("v5e", "v6e", "h200"),
+                 batches: tuple[int, ...] = (1, 8, 64), *, position: int = 64,
+                 weight_bytes_per_param: float = 2, cache_bytes_per_value: float = 2
+                 ) -> DecodeTable:
+    """The decode roofline's bound on tokens/s per chip: ``batch / time_s(chip)`` of
+    :func:`decode_cost` (one chip holds the whole model and the cache; one new token
+    per sequence per step), for each chip of ``tpu_course.hardware`` and batch.
+
+    >>> t = decode_table(LMConfig.cpu(), ("v5e",), (1,), position=0)
+    >>> round(t.tokens_per_s("v5e", 1))  # 819e9 B/s / 2,135,296 B per step
+    383553
+    """
+    config = _check_config(config)
+    if isinstance(chips, str) or not chips:
+        raise errors.CourseTypeError(f"chips={chips!r}: expected a tuple of chip names, "
+                                     "e.g. ('v5e', 'v6e', 'h200')")
+    if isinstance(batches, int) or not batches:
+        raise errors.CourseTypeError(f"batches={batches!r}: expected a tuple of batch "
+                                     "sizes, e.g. (1, 8, 64)")
+    rows = []
+    for name in chips:
+        chip = hardware.as_chip(name)
+        for b in batches:
+            cost = decode_cost(config, b, position,
+                               weight_bytes_per_param=weight_bytes_per_param,
+                               cache_bytes_per_value=cache_bytes_per_value)
+            bound = ("compute" if cost.flops / chip.peak_flops()
+                     > cost.bytes / chip.hbm_bytes_per_s else "memory")
+            rows.append((chip.name, cost.batch, cost.batch / cost.time_s(chip), bound))
+    return DecodeTable(config, position, tuple(rows))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ class Event:
     duration_us: float
     self_us: float  # duration minus the events nested inside it on the same thread
     category: str
+    op: str = ""  # the HLO instruction it ran ("ynn_fusion.79"), where the trace says so
 
 
 def op_name(name: str) -> str:
@@ -145,6 +146,47 @@ class Profile:
                 in self.top_ops(n)]
         return tables.text(rows, ("op", "category", "count", "ms per step"))
 
+    def by_kind(self, kinds: dict[str, str] | None = None, *,
+                collective_bytes: float | None = None) -> "KindSummary":
+        """A step's device work by kind of operation (:data:`KINDS`), per step.
+
+        Device work is every event that ran an HLO instruction (named for one, or with
+        the trace's ``hlo_op``), and every host transfer; the runtime's wrappers
+        (``ThunkExecutor::Execute``, launch spans), the waits and the profiler's own
+        start-up and stop (the Python frames of ``jax.profiler.trace``) are left out.
+        Each kind's time is the **union over all threads** of its events' intervals
+        (the wall time during which at least one device was doing it), divided by
+        ``steps``: never a sum over threads, so no row exceeds the step. Kinds overlap
+        in time (one device multiplies while another waits in a collective), so the
+        rows need not add up to the window.
+
+        ``kinds`` (from :func:`op_kinds` on the compiled step's HLO) names each
+        instruction's kind from the call stack XLA kept; without it, or for an
+        instruction it does not name, the kind comes from the name alone (``dot``,
+        ``convolution``; ``adam`` or ``optax`` for the optimizer), and attention's own
+        work (scores' scaling, mask, softmax) cannot be told apart: it counts as
+        ``other``. ``collective_bytes``: a predicted number of bytes per device per
+        step, printed beside the collectives' measured time.
+        """
+        if kinds is not None and not isinstance(kinds, dict):
+            raise errors.CourseTypeError(
+                f"kinds={kinds!r:.60}: expected a dict of HLO instruction -> kind, as "
+                f"profiling.op_kinds(compiled.as_text()) returns; got {type(kinds).__name__}")
+        if collective_bytes is not None:
+            collective_bytes = errors.check_number("collective_bytes", collective_bytes, low=0)
+        spans: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
+        for event in self.events:
+            kind = _kind_of(event, kinds or {})
+            if kind is not None:
+                spans[kind].append((event.start_us, event.start_us + event.duration_us))
+        every = [s for k in KINDS for s in spans[k]]
+        window = (max(e for _, e in every) - min(s for s, _ in every)) if every else 0.0
+        rows = tuple((k, _union_us(spans[k]) / 1e3 / self.steps, len(spans[k]) / self.steps)
+                     for k in KINDS)
+        attributed = kinds is not None and any(v == "attention" for v in kinds.values())
+        return KindSummary(rows, window / 1e3 / self.steps, self.steps, collective_bytes,
+                           attributed)
+
     def _repr_html_(self) -> str:
         times = self.time_by_category()
         return tables.html([(c, f"{t * 1e3:,.2f}") for c, t in times.items()],
@@ -185,6 +227,170 @@ class Profile:
         return ax
 
 
+#: The kinds of device work :meth:`Profile.by_kind` reports, in its order.
+KINDS = ("matmul", "attention", "collectives", "optimizer", "host transfer", "other")
+_TRANSFER = re.compile(r"transfer|to[-_ ]?host|from[-_ ]?host|host[-_ ]?to[-_ ]?device|"
+                       r"device[-_ ]?to[-_ ]?host|\bh2d\b|\bd2h\b|infeed|outfeed|"
+                       r"BufferFromPyval", re.IGNORECASE)
+_MATMUL = re.compile(r"^(dot|convolution|conv|einsum|matmul|gemm|cublas)|"
+                     r"[-_.](dot|convolution|matmul|gemm)([-_.]|$)", re.IGNORECASE)
+_OPTIMIZER = re.compile(r"adam|optax", re.IGNORECASE)
+
+
+def _kind_of(event: Event, kinds: dict[str, str]) -> str | None:
+    """The kind of device work of one event, or None where it is no device work."""
+    if _TRANSFER.search(event.name):
+        return "host transfer"
+    if event.category == "collectives":
+        return "collectives"
+    op = event.op or event.name
+    if not (event.op or (event.category == "compute" and _HLO_OP.fullmatch(event.name))):
+        return None  # a wrapper, a wait, the runtime or the profiler itself
+    if op in kinds:
+        return kinds[op]
+    if _MATMUL.search(op_name(op)):
+        return "matmul"
+    return "optimizer" if _OPTIMIZER.search(op) else "other"
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals."""
+    total, end = 0.0, -math.inf
+    for start, stop in sorted(spans):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class KindSummary:
+    """:meth:`Profile.by_kind`'s answer: per kind, milliseconds per step (union over
+    threads) and events per step; ``window_ms``: first to last device event, per step."""
+
+    rows: tuple[tuple[str, float, float], ...]  # (kind, ms per step, events per step)
+    window_ms: float
+    steps: int
+    collective_bytes: float | None = None  # predicted bytes per device per step
+    attention_attributed: bool = False  # whether op_kinds told attention's ops apart
+
+    def ms(self, kind: str) -> float:
+        """Milliseconds per step of one kind."""
+        errors.check_choice("kind", kind, KINDS)
+        return dict((k, t) for k, t, _ in self.rows)[kind]
+
+    def __str__(self) -> str:
+        table = []
+        for kind, ms, count in self.rows:
+            share = f"{ms / self.window_ms:.0%}" if self.window_ms else "-"
+            table.append((kind, f"{ms:,.3f}", f"{count:,.0f}", share))
+        lines = [tables.text(table, ("kind", "ms per step", "events per step",
+                                     "of the window"), right=True)]
+        lines.append(f"window: {self.window_ms:,.3f} ms per step, first to last device "
+                     f"event; {self.steps} step(s) traced")
+        lines.append("per step: the union over all threads of each kind's intervals, "
+                     "divided by the steps (not a sum over threads); left out: the "
+                     "profiler's start-up and stop, waits, and the runtime's wrappers")
+        if not self.attention_attributed:
+            lines.append("attention: its softmax and mask could not be told apart from "
+                         "other work (no call stacks in this HLO): counted in other; its "
+                         "matmuls are in matmul")
+        if self.collective_bytes is not None:
+            ms = self.ms("collectives")
+            lines.append(f"collectives: {self.collective_bytes / 1e3:,.0f} kB per device "
+                         f"predicted from the shardings, {ms:,.3f} ms measured per step")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        return "<pre>" + __import__("html").escape(str(self)) + "</pre>"
+
+
+#: call-stack functions whose non-matmul work :func:`op_kinds` calls attention
+ATTENTION_FUNCTIONS = re.compile(r"(^|\.)\w*Attention\w*\.__call__$|attention",
+                                 re.IGNORECASE)
+
+
+def op_kinds(hlo_text: str) -> dict[str, str]:
+    r"""Each HLO instruction's kind of work, from a compiled program's text
+    (``jax.jit(f).lower(...).compile().as_text()``), read from its metadata.
+
+    ``matmul``: a ``dot_general`` or convolution (whatever fusion holds it);
+    ``attention``: other work whose call stack passes through a function that
+    :data:`ATTENTION_FUNCTIONS` matches (``Attention.__call__``: the scores' scaling, the
+    mask, the softmax); ``optimizer``: work whose call stack (or source file) is in
+    optax outside its losses (clipping, Adam's moments, the update); the rest is left
+    out (and counted as ``other`` by :meth:`Profile.by_kind`). Call stacks are in the
+    HLO text of recent jax (``StackFrames``); older versions keep only the innermost
+    source file, so attention is not told apart there.
+
+    >>> text = ('FileNames\n1 "/x/optax/_src/transform.py"\n\nFunctionNames\n'
+    ...         '1 "scale_by_adam"\n\nFileLocations\n1 {file_name_id=1 '
+    ...         'function_name_id=1 line=3}\n\nStackFrames\n1 {file_location_id=1 '
+    ...         'parent_frame_id=0}\n\n%fusion.2 = f32[4]{0} fusion(...), '
+    ...         'metadata={op_name="jit(step)/mul" stack_frame_id=1}\n'
+    ...         '%dot.1 = f32[4]{0} dot(...), metadata={op_name="jit(step)/dot_general"}')
+    >>> op_kinds(text)
+    {'fusion.2': 'optimizer', 'dot.1': 'matmul'}
+    """
+    if not isinstance(hlo_text, str):
+        raise errors.CourseTypeError(
+            f"hlo_text={hlo_text!r:.60}: expected the compiled program's text "
+            f"(compiled.as_text()), got {type(hlo_text).__name__}")
+    tables_: dict[str, dict[int, str]] = {}
+    section = None
+    for line in hlo_text.splitlines():
+        if line.strip() in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = line.strip()
+            tables_[section] = {}
+            continue
+        m = re.match(r"(\d+) (.*)$", line) if section else None
+        if m:
+            tables_[section][int(m.group(1))] = m.group(2)
+        else:
+            section = None
+    files = {k: v.strip('"') for k, v in tables_.get("FileNames", {}).items()}
+    functions = {k: v.strip('"') for k, v in tables_.get("FunctionNames", {}).items()}
+
+    def field(text: str, name: str) -> int:
+        m = re.search(rf"\b{name}=(\d+)", text)
+        return int(m.group(1)) if m else 0
+
+    locations = {k: (files.get(field(v, "file_name_id"), ""),
+                     functions.get(field(v, "function_name_id"), ""))
+                 for k, v in tables_.get("FileLocations", {}).items()}
+    frames = {k: (field(v, "file_location_id"), field(v, "parent_frame_id"))
+              for k, v in tables_.get("StackFrames", {}).items()}
+
+    def stack(frame: int) -> list[tuple[str, str]]:
+        seen, out = set(), []
+        while frame in frames and frame not in seen:
+            seen.add(frame)
+            location, frame = frames[frame]
+            out.append(locations.get(location, ("", "")))
+        return out
+
+    kinds = {}
+    for line in hlo_text.splitlines():
+        m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\b([\w\-]+)\(.*"
+                     r"metadata=\{([^}]*)\}", line)
+        if not m:
+            continue
+        name, opcode, meta = m.groups()
+        op = re.search(r'op_name="([^"]*)"', meta)
+        op = op.group(1) if op else ""
+        calls = stack(field(meta, "stack_frame_id"))
+        source = re.search(r'source_file="([^"]*)"', meta)
+        if source:
+            calls.append((source.group(1), ""))
+        if opcode in ("dot", "convolution") or re.search(r"dot_general|conv_general", op):
+            kinds[name] = "matmul"
+        elif any(ATTENTION_FUNCTIONS.search(fn) for _, fn in calls if fn):
+            kinds[name] = "attention"
+        elif any("optax" in f and "losses" not in f for f, _ in calls):
+            kinds[name] = "optimizer"
+    return kinds
+
+
 def _self_times(spans: list[tuple[float, float]]) -> list[float]:
     """Self time of each (start, duration) span on one thread (nested spans)."""
     order = sorted(range(len(spans)), key=lambda i: (spans[i][0], -spans[i][1]))
@@ -200,17 +406,18 @@ def _self_times(spans: list[tuple[float, float]]) -> list[float]:
     return [max(0.0, t) for t in own]
 
 
-def _build(raw: list[tuple[str, str, str, float, float]], path: str, steps: int) -> Profile:
+def _build(raw: list[tuple], path: str, steps: int) -> Profile:
+    """A Profile from (name, thread, process, start_us, duration_us[, hlo_op]) tuples."""
     by_thread: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, (_, thread, process, _, _) in enumerate(raw):
+    for i, (_, thread, process, *_) in enumerate(raw):
         by_thread[(process, thread)].append(i)
     own = [0.0] * len(raw)
     for indices in by_thread.values():
         for i, t in zip(indices, _self_times([(raw[i][3], raw[i][4]) for i in indices])):
             own[i] = t
     events = tuple(Event(name, thread, process, start, duration, own[i],
-                         classify(name, thread, process))
-                   for i, (name, thread, process, start, duration) in enumerate(raw))
+                         classify(name, thread, process), *rest)
+                   for i, (name, thread, process, start, duration, *rest) in enumerate(raw))
     return Profile(events, path, steps)
 
 
@@ -240,7 +447,7 @@ def _number(path: pathlib.Path, e: dict, key: str, name: str) -> float:
     return x
 
 
-def _from_json(path: pathlib.Path) -> list[tuple[str, str, str, float, float]]:
+def _from_json(path: pathlib.Path) -> list[tuple]:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             trace = json.load(f)
@@ -276,8 +483,9 @@ def _from_json(path: pathlib.Path) -> list[tuple[str, str, str, float, float]]:
         if not duration:
             continue
         pid, tid = _key(e.get("pid")), _key(e.get("tid"))
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
         raw.append((name, threads.get((pid, tid), str(tid)), processes.get(pid, str(pid)),
-                    _number(path, e, "ts", name), duration))
+                    _number(path, e, "ts", name), duration, str(args.get("hlo_op", ""))))
     return raw
 
 
