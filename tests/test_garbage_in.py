@@ -351,7 +351,7 @@ def ch8(tmp_path_factory):
     tokens = np.zeros((1, 4), np.int32)
     cases = {
         "lm.generate": (lm.generate, dict(model=model, prompt=[1, 2], steps=2, temperature=0.0,
-                                          seed=0)),
+                                          top_k=None, seed=0)),
         "lm.run": (lm.run, dict(config=config, steps=2, batch=2, seed=0, peak_lr=1e-3,
                                 checkpoint_dir=None, checkpoint_every=2, eval_every=None,
                                 log=None)),
