@@ -23,9 +23,10 @@
 #    model the chapter did not build; then the model is counted and XLA compiles it;
 # 2. **write** (15 min) causal attention's forward pass: scores, causal mask, softmax,
 #    weighted values, in the dtype that came in;
-# 3. **write** (25 min) the shardings of attention for tensor parallelism (heads on
-#    `"model"`) with FSDP on `"data"`, Adam's moments included; graded by the compiled
-#    collectives and by two training steps against one device;
+# 3. **write** (25 min) the sharded train step: a mesh you build, `jax.jit` with
+#    `in_shardings`/`out_shardings` for tensor parallelism of attention (heads on
+#    `"model"`) with FSDP on `"data"`, Adam's moments and the batch included; graded by
+#    the compiled shardings and collectives and by two steps against one device;
 # 4. **predict** (15 min) which `jax.checkpoint` policy fits a memory budget while
 #    recomputing the least; then each policy's step is compiled and measured with
 #    `memory_analysis()`;
@@ -147,38 +148,41 @@ def causal_attention(q, k, v):
 ch08.check_causal_attention(causal_attention)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
-# ## Exercise 3: the shardings of attention for tensor parallelism
+# ## Exercise 3: the sharded train step: FSDP x tensor parallelism
 #
-# A (4, 2) mesh: `"data"` (FSDP: each weight split over it, gathered where it is used)
-# and `"model"` (tensor parallelism: each device computes some of the heads). The check
-# owns a one-block attention model shaped like `lm.Attention`, with the tied embedding
-# (vocab, d), trained with AdamW: its state is `(params, opt_state)`.
+# The chapter's section 5 shards the whole model's step; here you write the sharded step
+# yourself, for a model the chapter did not shard: one attention block shaped like
+# `lm.Attention`, with a tied embedding (vocab, d), trained with AdamW. Its state is
+# `(params, opt_state)`; `step(state, tokens) -> (state, loss)`.
 #
-# Write `attention_shardings(state, mesh)` returning a `NamedSharding` for **every
-# leaf** of that state: the heads axis of `wq`, `wk`, `wv` (d, heads, head_dim) and `wo`
-# (heads, head_dim, d) on `"model"`, their d axis on `"data"`, the embedding's rows (not
-# its features) on `"data"`, Adam's `mu` and `nu` like their parameters, scalars
-# replicated. The check gathers each weight over `"data"` inside the step (as the
-# chapter's FSDP cell), compiles it, reads the collectives and trains two steps beside
-# one device. The grader also runs another mesh shape and head count.
+# Write `sharded_step(step, state, mesh_shape)` that builds a mesh of `mesh_shape` with
+# the axes `("data", "model")` from `jax.devices()` and returns
+# `jax.jit(step, in_shardings=..., out_shardings=...)` where
+# * each weight is cut for **tensor parallelism** on `"model"`, the heads axis of `wq`,
+#   `wk`, `wv` (d, heads, head_dim) and `wo` (heads, head_dim, d), and for **FSDP** on
+#   `"data"`, their d axis and the embedding's rows (not its features);
+# * Adam's `mu` and `nu` are laid out like their parameters, scalars replicated;
+# * the tokens (batch, length) are cut on `"data"`;
+# * the state comes back laid out as it went in, the loss replicated.
+#
+# The check compiles your step, reads the shardings it takes and returns and its
+# collectives, and trains two steps beside one device. The grader also runs another mesh
+# shape and head count, so build from `mesh_shape`, not from (4, 2).
 
 # %%
-auto = (jax.sharding.AxisType.Auto,) * 2
-mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=auto,
-                     devices=jax.devices("cpu")[:8])
 step, state, tokens, tx = ch08.attention_problem()
 pprint.pp(jax.tree.map(jnp.shape, state[0]), width=88)
 
 
 # %%
-def attention_shardings(state, mesh):
+def sharded_step(step, state, mesh_shape):
     raise NotImplementedError(
-        "Exercise 3 (shardings of attention for tensor parallelism): "
+        "Exercise 3 (the sharded train step: FSDP x tensor parallelism): "
         "write your code here")
 
 
 # %%
-ch08.check_attention_shardings(attention_shardings)
+ch08.check_sharded_step(sharded_step)
 
 # %% [markdown] workshop={"agenda": "self-paced"}
 # ## Exercise 4: a remat policy that fits the budget

@@ -3,7 +3,7 @@ through the grading path (visible and hidden cases) and the notebook's check."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
@@ -15,11 +15,14 @@ from tpu_course.checks import engine
 SECRET = "tests"
 
 
-def mistakes(lab: int) -> list[Any]:
-    """One pytest param per known mistake of lab ``lab`` given as a wrong answer (marked
-    ``mistake``: the checker's logic, which the Colab line need not run again)."""
+def mistakes(lab: int, only: Sequence[int] | None = None) -> list[Any]:
+    """One pytest param per known mistake of lab ``lab`` (of its exercises numbered in
+    ``only``, else all) given as a wrong answer (marked ``mistake``: the checker's logic,
+    which the Colab line need not run again)."""
     params = []
     for ex in checks.lab(lab).exercises:
+        if only is not None and int(engine.short(ex.title).split()[-1]) not in only:
+            continue
         key = grading.keys(lab).get(engine.short(ex.title), grading.Key())
         for i, m in enumerate(key.mistakes):
             if m.answer is not None:

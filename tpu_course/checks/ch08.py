@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from tpu_course import hlo, lm
 from tpu_course.checks.engine import Case, Exercise, Lab, Mistake, Wrong, number
@@ -136,7 +135,7 @@ check_causal_attention = LAB.add(Exercise(
     hint="scores q . k / sqrt(head_dim) for every query and key of the same head, keys after "
          "the query masked out, a softmax over the keys, then the weighted sum of the values"))
 
-# -- Exercise 3: shardings of attention for tensor parallelism --------------------------------
+# -- Exercise 3: the sharded train step (FSDP x tensor parallelism) ----------------------------
 
 #: The attention model exercise 3 shards: ``(vocab, d_model, heads, head_dim)``.
 ATTENTION_SHAPE = (256, 64, 4, 16)
@@ -185,56 +184,57 @@ def _axes(sharding, ndim):  # the mesh axes each dimension is split over
     return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec)
 
 def _probe_shardings(answer, case):
-    """The learner's shardings as data: the mesh axes of each dimension of each weight ("wq")
-    and Adam moment ("wq mu"), the compiled step's collectives, two steps' losses."""
-    (rows, cols), devices = case.args["mesh_shape"], jax.devices("cpu")
-    if len(devices) < rows * cols:
-        raise Wrong(f"this check needs {rows * cols} CPU devices and JAX sees {len(devices)}",
-                    "restart the kernel and run runtime.simulate_devices(8) before JAX starts")
-    mesh = jax.make_mesh((rows, cols), ("data", "model"), axis_types=(AxisType.Auto,) * 2,
-                         devices=devices[:rows * cols])
+    """The learner's sharded step as data: the mesh it was built on, the mesh axes of each
+    dimension of each weight ("wq") and Adam moment ("wq mu") as the compiled step takes and
+    returns them, the batch's, the compiled step's collectives and two steps' losses."""
+    mesh_shape, devices = tuple(case.args["mesh_shape"]), jax.devices("cpu")
+    if len(devices) < math.prod(mesh_shape):
+        raise Wrong(f"this check needs {math.prod(mesh_shape)} CPU devices and JAX sees "
+                    f"{len(devices)}", "restart the kernel and run runtime.simulate_devices(8) "
+                    "before JAX starts")
     step, state, tokens, _ = attention_problem(tuple(case.args["shape"]))
-    per_leaf = "return one NamedSharding per leaf of the whole state (params, opt_state)"
+    how = ("return jax.jit(step, in_shardings=(state_shardings, batch_sharding), "
+           "out_shardings=(state_shardings, replicated)) on a mesh you build from mesh_shape")
     try:
-        got = answer["attention_shardings"](state, mesh)
+        jitted = answer["sharded_step"](step, state, mesh_shape)
+        lower = getattr(jitted, "lower", None)
+        if not callable(lower):
+            raise Wrong(f"sharded_step returned a {type(jitted).__name__}, not a jax.jit "
+                        "function", how)
+        compiled = lower(state, tokens).compile(compiler_options=_O0)
+        state_in, batch_in = compiled.input_shardings[0][:2]
+        state_out = compiled.output_shardings[0]
+    except Wrong:
+        raise
     except Exception as err:  # noqa: BLE001 - a learner's error, reported as data
-        raise _failed(err, "attention_shardings(state, mesh)", per_leaf) from None
-    is_sharding = lambda s: isinstance(s, NamedSharding)
-    if jax.tree.structure(state) != jax.tree.structure(got, is_leaf=is_sharding):
-        raise Wrong("attention_shardings returned " + (
-            "only the parameters' shardings: the state is (params, opt_state)" if isinstance(
-                got, dict) and set(got) == set(state[0]) else "something else than the state's "
-            "structure"), f"{per_leaf}: tree_map_with_path, or optax.tree_map_params")
-    axes = {}
-    for (path, leaf), s in zip(jax.tree_util.tree_flatten_with_path(state)[0],
-                               jax.tree.leaves(got, is_leaf=is_sharding)):
-        if not is_sharding(s):
-            raise Wrong(f"a leaf's sharding is a {type(s).__name__}", "NamedSharding(mesh, "
-                        "PartitionSpec(...)) on the mesh argument, for every leaf")
+        hint = ("every leaf of the state a NamedSharding whose PartitionSpec has at most as "
+                "many entries as the leaf has axes (P() for scalars), splitting only axes the "
+                f"mesh axes divide; {how}")
+        raise _failed(err, "sharded_step(step, state, mesh_shape), lowered and compiled",
+                      hint) from None
+    is_sharding = lambda s: hasattr(s, "spec") and hasattr(s, "mesh")
+    mesh = getattr(batch_in, "mesh", None)
+    built = (dict(mesh.shape) if mesh is not None and hasattr(mesh, "shape") else {})
+    axes, returned = {}, {}
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    for (path, leaf), s_in, s_out in zip(flat, jax.tree.leaves(state_in, is_leaf=is_sharding),
+                                         jax.tree.leaves(state_out, is_leaf=is_sharding)):
         names = [str(getattr(k, "key", getattr(k, "name", ""))) for k in path]
         weight = next((n for n in reversed(names) if n in state[0]), None)
         moment = next((m for m in ("mu", "nu") if m in names), "")  # "": a parameter
         if weight and np.ndim(leaf) and (moment or path[0].idx == 0):
-            split = axes[f"{weight} {moment}".strip()] = _axes(s, np.ndim(leaf))
-            for i, (size, over) in enumerate(zip(np.shape(leaf), split)):
-                if size % (parts := math.prod(mesh.shape.get(a, 1) for a in over)):
-                    raise Wrong(f"a sharding splits axis {i} of a {np.shape(leaf)} array, of "
-                                f"size {size}, into {parts} parts, which do not divide it",
-                                "split the heads over 'model' alone, d_model and the "
-                                "vocabulary over 'data': mesh axes whose sizes divide them")
-    use = {n: NamedSharding(mesh, P(*[tuple(a for a in e if a != "data") or None
-                                      for e in axes[n]])) for n in state[0]}
-    batch = NamedSharding(mesh, P("data"))
+            key = f"{weight} {moment}".strip()
+            axes[key] = _axes(s_in, np.ndim(leaf))
+            returned[key] = _axes(s_out, np.ndim(leaf))
     try:
-        compiled = jax.jit(functools.partial(step, use=use), in_shardings=(got, batch),
-                           out_shardings=(got, NamedSharding(mesh, P())),
-                           compiler_options=_O0).lower(state, tokens).compile()
-        losses = _two_steps(compiled, jax.device_put(state, got), jax.device_put(tokens, batch))[0]
-    except Exception as err:  # noqa: BLE001 - the learner's shardings did not compile or run
-        raise _failed(err, "the step with your shardings", "every leaf a NamedSharding whose "
-                      "PartitionSpec has at most as many entries as the leaf has axes (P() for "
-                      "scalars)") from None
-    return {"axes": axes, "losses": losses,
+        # each step's state placed as the step takes it: a state returned in another layout
+        # is the returned-layout rule's to name, not a crash here
+        losses = _two_steps(lambda st, tok: compiled(jax.device_put(st, state_in), tok),
+                            state, jax.device_put(tokens, batch_in))[0]
+    except Exception as err:  # noqa: BLE001 - the compiled step did not run
+        raise _failed(err, "two steps of your compiled step", how) from None
+    return {"mesh": {str(k): int(v) for k, v in built.items()}, "axes": axes,
+            "returned": returned, "batch": _axes(batch_in, 1)[0], "losses": losses,
             "collectives": sorted({c.kind for c in hlo.text.parse_collectives(compiled.as_text())})}
 
 _ATTENTION_HINTS = (
@@ -247,11 +247,27 @@ _ATTENTION_HINTS = (
     "(d, heads, head_dim), axis 0 of wo (heads, head_dim, d)",
     "FSDP splits each weight over 'data' too: the d_model axis of the attention weights, "
     "the rows of the embedding",
-    "shardings change where numbers live, not what is computed: return shardings only")
+    "shardings change where numbers live, not what is computed: return shardings only",
+    "build the mesh from mesh_shape: jax.make_mesh(mesh_shape, ('data', 'model'))",
+    "cut the batch over 'data': in_shardings for the tokens NamedSharding(mesh, P('data')); "
+    "each data shard then computes its own sequences",
+    "out_shardings: give the state back laid out as it came in (the next step's input), the "
+    "loss replicated")
 
-def _attention_problem(got, want):
+def _attention_problem(got, want, case=None):
     """(index of its hint, what is wrong) of the shardings' first problem, or None."""
     axes = got["axes"]
+    if case is not None and got["mesh"] != dict(zip(("data", "model"), asked := tuple(
+            case.args["mesh_shape"]))):
+        return 6, (f"the step runs on a mesh {got['mesh']}, not the {asked[0]} x {asked[1]} "
+                   "('data', 'model') mesh asked for")
+    if "data" not in (got.get("batch") or ()):
+        return 7, ("the batch is replicated: every device computes every sequence, and the "
+                   "'data' axis does no data parallelism")
+    for key, split in got.get("returned", {}).items():
+        if split != axes.get(key):
+            return 8, (f"the step takes {key} split over {axes.get(key)} but returns it split "
+                       f"over {split}: the next step's input changes layout")
     for key, split in axes.items():
         weight, *moment = key.split()
         if moment and split != axes[weight]:
@@ -282,16 +298,20 @@ def _attention_case(shape, mesh_shape):
     return Case(f"a {mesh_shape[0]}x{mesh_shape[1]} mesh and {shape[2]} heads of {shape[3]}",
                 {"shape": shape, "mesh_shape": mesh_shape})
 
-check_attention_shardings = LAB.add(Exercise(
-    "Exercise 3 (shardings of attention for tensor parallelism)", minutes=25,
-    provides=("attention_shardings",), cases=(_attention_case(ATTENTION_SHAPE, (4, 2)),),
+check_sharded_step = LAB.add(Exercise(
+    "Exercise 3 (the sharded train step: FSDP x tensor parallelism)", minutes=25,
+    provides=("sharded_step",), cases=(_attention_case(ATTENTION_SHAPE, (4, 2)),),
     probe=_probe_shardings, expect=lambda case: single_device_losses(tuple(case.args["shape"])),
-    compare=_readable(lambda got, want, case: (_attention_problem(got, want) or (0, None))[1],
-                      "return one NamedSharding per leaf of (params, opt_state)"),
+    compare=_readable(lambda got, want, case: (_attention_problem(got, want, case) or
+                                               (0, None))[1],
+                      "return jax.jit(step, in_shardings=..., out_shardings=...)"),
     rules=tuple(Mistake(h, when=lambda got, want, case, i=i: (
-        _attention_problem(got, want) or (None,))[0] == i) for i, h in enumerate(_ATTENTION_HINTS)),
-    time_limit_s=240, hint="heads on 'model', FSDP on 'data', the embedding's rows on 'data', "
-                           "Adam's moments like their parameters, scalars replicated"))
+        _attention_problem(got, want, case) or (None,))[0] == i)
+        for i, h in enumerate(_ATTENTION_HINTS)),
+    time_limit_s=240, hint="a (data, model) mesh from mesh_shape; heads on 'model', FSDP on "
+                           "'data', the embedding's rows on 'data', Adam's moments like their "
+                           "parameters, scalars replicated, the batch on 'data'; the state "
+                           "returned as it came in"))
 
 # -- Exercise 4: a remat policy that fits the budget ------------------------------------------
 
