@@ -416,3 +416,17 @@ def test_a_missing_dependency_is_named(tmp_path, monkeypatch):
     monkeypatch.setitem(grade.REQUIRES, "no_such_module_xyz", "no-such-package-xyz")
     with pytest.raises(grade.GradeError, match="needs no-such-package-xyz.*pip install"):
         grade.grade([ROOT / "labs" / "01_systolic_array.ipynb"], tmp_path)
+
+
+def test_the_graders_process_has_the_devices_the_labs_compile_on():
+    """Lab 6's and lab 8's expected outputs come from programs on 8 simulated devices,
+    computed in the grader's process: `tpu-course grade` gives itself those devices."""
+    code = ("from tpu_course import grade; grade._simulate_lab_devices(); import jax; "
+            "env = grade.Sandbox(None).env('t', __import__('pathlib').Path('/tmp')); "
+            "print('XLA_FLAGS' in env, len(jax.devices('cpu')))")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300)
+    wanted = max(checks.lab(n).cpu_devices for n in range(1, len(checks.LABS) + 1))
+    assert out.returncode == 0 and out.stdout.split()[-1] == str(wanted) == "8", out.stderr
+    assert out.stdout.split()[-2] == "False", out.stdout  # the notebooks simulate their own

@@ -408,6 +408,10 @@ class Sandbox:
         """The environment of a submission's processes: a few of yours, private folders."""
         env = {k: v for k, v in os.environ.items()
                if k in _PASS_ENV or k.startswith(_PASS_PREFIXES)}
+        if _SUBMISSION_XLA_FLAGS is not False:
+            env.pop("XLA_FLAGS", None)
+            if _SUBMISSION_XLA_FLAGS is not None:
+                env["XLA_FLAGS"] = _SUBMISSION_XLA_FLAGS
         tmp = "/tmp" if self.bwrap else str(private / "tmp")
         if not self.bwrap:
             os.makedirs(tmp, exist_ok=True)
@@ -955,6 +959,26 @@ def write_results(out: pathlib.Path, rows: Sequence[dict], subs: Sequence[Submis
     os.replace(tmp, out / "summary.md")
 
 
+def _simulate_lab_devices() -> None:
+    """Give this process the simulated CPU devices the labs' instruments compile on (lab 6's
+    and lab 8's expected outputs come from programs on 8 devices), before JAX starts."""
+    from tpu_course import checks, runtime
+
+    global _SUBMISSION_XLA_FLAGS
+    wanted = max(checks.lab(n).cpu_devices for n in range(1, len(checks.LABS) + 1))
+    before = os.environ.get("XLA_FLAGS")
+    try:
+        runtime.simulate_devices(wanted)
+    except runtime.TooLateError:  # called in a process whose JAX already runs: as it is
+        return
+    _SUBMISSION_XLA_FLAGS = before  # the notebooks get XLA_FLAGS as they were
+
+
+#: XLA_FLAGS as they were before this process simulated devices for itself (``False``: it
+#: did not), which a submission's processes get back: a notebook simulates its own.
+_SUBMISSION_XLA_FLAGS: str | None | bool = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``tpu-course grade``; exit 0 when grading ran, 2 when it could not."""
     parser = argparse.ArgumentParser(
@@ -998,6 +1022,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give at least one SUBMISSION (.ipynb files or folders)")
     if not args.out:
         parser.error("--out DIR is required: where grades.csv and summary.md go")
+    _simulate_lab_devices()
     try:
         rows = grade(args.submissions, args.out, timeout_s=args.timeout, jobs=args.jobs,
                      force=args.force, resume=args.resume, roster=args.roster,
