@@ -48,7 +48,7 @@ OVER_BUDGET_CPU_S: dict[str, float] = {
 
 NOTEBOOK_BUDGET_S = 120.0
 #: Notebooks with a budget of their own (path from the repository root: seconds).
-NOTEBOOK_BUDGETS_S = {"notebooks/08_language_model.ipynb": 180.0}
+NOTEBOOK_BUDGETS_S = {"notebooks/08_language_model.ipynb": 300.0}
 
 _times: dict[str, float] = collections.defaultdict(float)  # notebook: wall seconds
 _cpu: dict[str, float] = collections.defaultdict(float)  # file: CPU-seconds

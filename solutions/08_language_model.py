@@ -196,7 +196,8 @@ def sharded_step(step, state, mesh_shape):
             return NamedSharding(mesh, P())
         return NamedSharding(mesh, layout[name])
 
-    state_shardings = jax.tree_util.tree_map_with_path(place, state)  # params, Adam's moments
+    # the parameters and Adam's moments, by the name in each leaf's path
+    state_shardings = jax.tree_util.tree_map_with_path(place, state)
     batch = NamedSharding(mesh, P("data"))
     return jax.jit(step, in_shardings=(state_shardings, batch),
                    out_shardings=(state_shardings, NamedSharding(mesh, P())))
@@ -328,7 +329,8 @@ def generate(model, prompt, steps, key, temperature=0.0, top_k=None):
             if top_k is not None:
                 kth = jax.lax.top_k(last, top_k)[0][:, -1:]
                 last = jnp.where(last >= kth, last, -jnp.inf)
-            byte = jax.random.categorical(jax.random.fold_in(key, i), last / temperature)
+            step_key = jax.random.fold_in(key, i)
+            byte = jax.random.categorical(step_key, last / temperature)
         new.append(byte)
         logits, cache = model.decode(byte[:, None].astype(jnp.int32), cache)
     return jnp.stack(new, axis=1)

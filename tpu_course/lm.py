@@ -1060,10 +1060,10 @@ class DecodeTable:
         for label, values in self.measured:
             got = dict(values)
             out.append([label] + [f"{got[b]:,.0f}" if b in got else "-" for b in batches])
-        head = ([f"tokens/s per chip, decode at cache position {self.position} "
-                 f"(bounds: bf16 weights and cache; C: compute-bound, else memory-bound)"])
-        return head[0] + "\n" + tables.text(out, [""] + [f"batch {b}" for b in batches],
-                                            right=True)
+        head = (f"tokens/s per chip, decode at cache position {self.position}\n"
+                "(bounds: bf16 weights and cache; C: compute-bound, else memory-bound)")
+        return head + "\n" + tables.text(out, [""] + [f"batch {b}" for b in batches],
+                                         right=True)
 
 
 def decode_table(config: LMConfig, chips: tuple[str, ...] = ("v5e", "v6e", "h200"),

@@ -288,17 +288,17 @@ class KindSummary:
                                      "of the window"), right=True)]
         lines.append(f"window: {self.window_ms:,.3f} ms per step, first to last device "
                      f"event; {self.steps} step(s) traced")
-        lines.append("per step: the union over all threads of each kind's intervals, "
-                     "divided by the steps (not a sum over threads); left out: the "
+        lines.append("per step: the union over all threads of each kind's intervals,\n"
+                     "divided by the steps (not a sum over threads); left out: the\n"
                      "profiler's start-up and stop, waits, and the runtime's wrappers")
         if not self.attention_attributed:
-            lines.append("attention: its softmax and mask could not be told apart from "
-                         "other work (no call stacks in this HLO): counted in other; its "
+            lines.append("attention: its softmax and mask could not be told apart from\n"
+                         "other work (no call stacks in this HLO): counted in other; its\n"
                          "matmuls are in matmul")
         if self.collective_bytes is not None:
             ms = self.ms("collectives")
             lines.append(f"collectives: {self.collective_bytes / 1e3:,.0f} kB per device "
-                         f"predicted from the shardings, {ms:,.3f} ms measured per step")
+                         f"predicted from the shardings,\n{ms:,.3f} ms measured per step")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
