@@ -271,7 +271,7 @@ class LM(nnx.Module):
 # `estimate_mfu` uses it). XLA counts the norms, softmax and GELU too, so its figure
 # should be a few per cent higher.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 # the matmuls' dtype: bf16 where a matrix unit takes it, float32 on a CPU (section 4)
 compute = "float32" if jax.default_backend() == "cpu" else "bfloat16"
 # LMConfig.cpu()'s width and context with 2 layers instead of 5: a CPU trains 3.4
@@ -328,7 +328,7 @@ print(f"attention's 12LdT = {attention:,}: {attention / (6 * N):.1%} of 6N, "
 # files: the **unigram** model (each byte's frequency) and the **bigram** model (the
 # next byte given this one), both add-one smoothed. Uniform guessing is 8 bits.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
 corpus = textdata.load()
 print(textwrap.fill(str(corpus), 88))
 unigram = textdata.unigram_bits_per_byte(corpus.train, corpus.heldout)
@@ -772,7 +772,7 @@ for policy, (temp, flops) in remat_rows.items():
 # activations and XLA's working space) and of the optimizer's `init`, compiled on the
 # 8 simulated devices:
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
 def memory_reports(cfg, on_mesh, batch, target=None):
     """XLA's memory analysis, sharded as in section 5: gradient, optimizer's init."""
     g_m, p_m = nnx.split(nnx.eval_shape(lambda: LM(cfg, rngs=nnx.Rngs(0))))
@@ -848,7 +848,7 @@ print(profile.ops_table(8))
 # (the union over threads, per step), and the collectives row is set beside section
 # 6's predicted bytes:
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
 with jax.set_mesh(mesh):
     compiled_text = train_step.lower(params, opt_state, x, y).compile().as_text()
     kinds = profiling.op_kinds(compiled_text)
@@ -861,7 +861,7 @@ with jax.set_mesh(mesh):
 # would take; section 6's predicted bytes (bf16 on a chip, twice that in this
 # float32 run) are what a TPU profile's collectives row should be checked against.
 
-# %% slideshow={"slide_type": "subslide"}
+# %% slideshow={"slide_type": "skip"}
 profile.plot(max_threads=10)
 plt.title("[sim, CPU] one train step, by thread")
 plt.show()
@@ -907,7 +907,7 @@ def launch(kill_after=None):
 first = launch(kill_after=15)
 second = launch()
 
-# %% slideshow={"slide_type": "subslide"}
+# %% slideshow={"slide_type": "fragment"}
 print(f"killed (-9 = SIGKILL) after step {max(first)}; resumed at step {min(second)}")
 both = sorted(set(first) & set(second))
 same = all(first[k] == second[k] for k in both)
@@ -1044,7 +1044,7 @@ for batch in (1, 8, 64):
 # model and cache on one chip. The measured row is this machine's CPU timing, not a
 # TPU's:
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
 for cfg, label in ((config, "the chapter's model"), (LMConfig.tpu(), "LMConfig.tpu()")):
     table = lm.decode_table(cfg, ("v5e", "v6e", "h200"), (1, 8, 64), position=64)
     if cfg is config:
@@ -1097,7 +1097,7 @@ for cfg, label in ((config, "the chapter's model"), (LMConfig.tpu(), "LMConfig.t
 # **examples** (`costs.PRICES_USD_PER_CHIP_HOUR`): pass yours as `usd_per_chip_hour=`.
 # Hours come from $6 \times$ parameters $\times$ tokens FLOPs at an assumed MFU.
 
-# %% slideshow={"slide_type": "subslide"}
+# %% slideshow={"slide_type": "fragment"}
 tokens_run = STEPS * 32 * T
 print(f"this chapter's run: {tokens_run:,} tokens, "
       f"{lm.param_count(config):,} parameters")
