@@ -328,7 +328,7 @@ print(f"attention's 12LdT = {attention:,}: {attention / (6 * N):.1%} of 6N, "
 # files: the **unigram** model (each byte's frequency) and the **bigram** model (the
 # next byte given this one), both add-one smoothed. Uniform guessing is 8 bits.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 corpus = textdata.load()
 print(textwrap.fill(str(corpus), 88))
 unigram = textdata.unigram_bits_per_byte(corpus.train, corpus.heldout)
@@ -760,7 +760,7 @@ for policy, (temp, flops) in remat_rows.items():
     print(f"[cpu compile] remat={policy:<17} temporaries {temp / 2**20:6.1f} MiB "
           f"({temp / base_bytes:.0%}), FLOPs {flops / base_flops:.2f} x")
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
+# %% [markdown] slideshow={"slide_type": "skip"}
 # ### A memory budget per chip, predicted and compiled
 #
 # Under section 5's shardings each chip holds an eighth of most weights: float32
@@ -772,7 +772,7 @@ for policy, (temp, flops) in remat_rows.items():
 # activations and XLA's working space) and of the optimizer's `init`, compiled on the
 # 8 simulated devices:
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 def memory_reports(cfg, on_mesh, batch, target=None):
     """XLA's memory analysis, sharded as in section 5: gradient, optimizer's init."""
     g_m, p_m = nnx.split(nnx.eval_shape(lambda: LM(cfg, rngs=nnx.Rngs(0))))
@@ -839,7 +839,7 @@ profile = profiling.read(trace_dir, steps=1)
 print("[sim, CPU]", profile)
 print(profile.ops_table(8))
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The same step by **kind of work**: matmuls, attention's own work (scaling, mask,
 # softmax), collectives, the optimizer's update, host transfers. Names alone do not
 # say which fusion belongs to attention or to Adam, but the compiled program does:
@@ -848,7 +848,7 @@ print(profile.ops_table(8))
 # (the union over threads, per step), and the collectives row is set beside section
 # 6's predicted bytes:
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 with jax.set_mesh(mesh):
     compiled_text = train_step.lower(params, opt_state, x, y).compile().as_text()
     kinds = profiling.op_kinds(compiled_text)
@@ -879,7 +879,7 @@ plt.show()
 # The check: steps 11-15 ran in both processes, from the same state and the same data,
 # so their losses must be equal, bit for bit.
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "skip"}
 tiny = dict(d_model=64, heads=2, layers=2, d_ff=128, context=64)
 ckpt_dir = tempfile.mkdtemp(prefix="ch8-ckpt-")
 command = [sys.executable, "-m", "tpu_course.lm", "--steps", "30", "--batch", "8",
@@ -907,7 +907,7 @@ def launch(kill_after=None):
 first = launch(kill_after=15)
 second = launch()
 
-# %% slideshow={"slide_type": "fragment"}
+# %% slideshow={"slide_type": "subslide"}
 print(f"killed (-9 = SIGKILL) after step {max(first)}; resumed at step {min(second)}")
 both = sorted(set(first) & set(second))
 same = all(first[k] == second[k] for k in both)
@@ -1038,13 +1038,13 @@ for batch in (1, 8, 64):
           f"{cost.bytes / result.min_s / 1e9:.2f} GB/s read")
     measured[batch] = batch / result.min_s
 
-# %% [markdown] slideshow={"slide_type": "subslide"}
+# %% [markdown] slideshow={"slide_type": "skip"}
 # The roofline's bound per chip beside it: `lm.decode_table` divides the batch by
 # `decode_cost(...).time_s(chip)` for chips of `tpu_course.hardware`, with the whole
 # model and cache on one chip. The measured row is this machine's CPU timing, not a
 # TPU's:
 
-# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "fragment"}
+# %% tags=["nbval-ignore-output"] slideshow={"slide_type": "subslide"}
 for cfg, label in ((config, "the chapter's model"), (LMConfig.tpu(), "LMConfig.tpu()")):
     table = lm.decode_table(cfg, ("v5e", "v6e", "h200"), (1, 8, 64), position=64)
     if cfg is config:
@@ -1097,7 +1097,7 @@ for cfg, label in ((config, "the chapter's model"), (LMConfig.tpu(), "LMConfig.t
 # **examples** (`costs.PRICES_USD_PER_CHIP_HOUR`): pass yours as `usd_per_chip_hour=`.
 # Hours come from $6 \times$ parameters $\times$ tokens FLOPs at an assumed MFU.
 
-# %% slideshow={"slide_type": "fragment"}
+# %% slideshow={"slide_type": "skip"}
 tokens_run = STEPS * 32 * T
 print(f"this chapter's run: {tokens_run:,} tokens, "
       f"{lm.param_count(config):,} parameters")
