@@ -73,16 +73,24 @@ def budget_cpu_s(path: str) -> float | None:
     return OVER_BUDGET_CPU_S.get(path, TEST_FILE_BUDGET_CPU_S)
 
 
-def over_budget(cpu: dict[str, float]) -> list[str]:
-    """The files whose CPU-seconds exceed their budget, as report lines.
+#: A busy machine (another heavy job on both cores) inflates a file's CPU-seconds by up to
+#: about a tenth (measured: one file 29.0 and 31.3 CPU-s in two CI runs). A file over its
+#: budget is reported; it fails the run when it is over by more than this factor.
+BUSY_MARGIN = 1.15
+
+
+def over_budget(cpu: dict[str, float], margin: float = 1.0) -> list[str]:
+    """The files whose CPU-seconds exceed their budget (times ``margin``), as report lines.
 
     >>> over_budget({"tests/test_a.py": 31.0, "tests/test_b.py": 2.0, "notebooks/x.ipynb": 99})
     ['tests/test_a.py: 31.0 CPU-s, over its budget of 30 CPU-s']
+    >>> over_budget({"tests/test_a.py": 31.0}, margin=BUSY_MARGIN)
+    []
     """
     lines = []
     for path, seconds in sorted(cpu.items()):
         budget = budget_cpu_s(path)
-        if budget is not None and seconds > budget:
+        if budget is not None and seconds > budget * margin:
             lines.append(f"{path}: {seconds:.1f} CPU-s, over its budget of {budget:.0f} CPU-s")
     return lines
 
@@ -136,7 +144,8 @@ def enforced() -> bool:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if not _is_worker(session.config) and enforced() and over_budget(_cpu) and exitstatus == 0:
+    if (not _is_worker(session.config) and enforced() and over_budget(_cpu, BUSY_MARGIN)
+            and exitstatus == 0):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -158,7 +167,10 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:7.1f} CPU-s  {path}")
         terminalreporter.write_line(f"{sum(files.values()):7.1f} CPU-s  in all: {len(files)} "
                                     f"file(s), the costliest above")
-        said = "FAILED (CPU budget)" if enforced() else "over budget (reported on this line)"
+        failing = set(over_budget(_cpu, BUSY_MARGIN)) if enforced() else set()
         for line in over_budget(_cpu):
+            said = ("FAILED (CPU budget)" if line in failing else
+                    "over budget (within the busy-machine margin)" if enforced() else
+                    "over budget (reported on this line)")
             terminalreporter.write_line(f"{said} {line}: make it cheaper "
                                         "(share what its tests recompute)", red=True)
