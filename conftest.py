@@ -19,7 +19,9 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
+import pathlib
 import resource
 
 import pytest
@@ -160,6 +162,9 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:7.1f} s  {path} ({_cpu[path]:.0f} CPU-s)"
                                         f"{flag}")
     files = {p: s for p, s in _cpu.items() if budget_cpu_s(p) is not None}
+    if _cpu and os.environ.get("TPU_COURSE_CPU_REPORT"):  # every file's CPU-s, as JSON
+        pathlib.Path(os.environ["TPU_COURSE_CPU_REPORT"]).write_text(
+            json.dumps(dict(sorted(_cpu.items(), key=lambda kv: -kv[1])), indent=1))
     if files:
         terminalreporter.section("CPU-seconds per test file")
         top = sorted(files.items(), key=lambda kv: -kv[1])[:10]

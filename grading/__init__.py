@@ -17,6 +17,7 @@ or from ``--keys DIR``.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import importlib
@@ -96,10 +97,32 @@ def expected(exercise: Exercise, key: Key, cases: Sequence[Case], *, wants: bool
         wants = [_remembered(exercise, key.reference, c,
                              lambda c: _output(exercise, key.reference, c)) for c in cases]
     known = [*exercise.rules, *key.mistakes]
-    mistakes = [[(m, engine.NO_OUTPUT if m.answer is None else _remembered(
-        exercise, m.answer, c, lambda c, m=m: _output(exercise, m.answer, c)))
-                 for m in known] for c in cases]
-    return wants, mistakes
+
+    def row(c: Case) -> list[tuple[Mistake, Any]]:
+        return [(m, engine.NO_OUTPUT if m.answer is None else _remembered(
+            exercise, m.answer, c, lambda c, m=m: _output(exercise, m.answer, c)))
+                for m in known]
+    return wants, _Rows(row, cases)
+
+
+class _Rows(collections.abc.Sequence):
+    """``[row(case) for case in cases]``, each row computed when it is first read: a
+    verdict reads the mistakes' outputs only to name a wrong answer, so a right one costs
+    no run of the mistakes."""
+
+    def __init__(self, row: Callable[[Case], list], cases: Sequence[Case]) -> None:
+        self._row, self._cases, self._done = row, list(cases), {}
+
+    def __len__(self) -> int:
+        return len(self._cases)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # an IndexError past the end, as a list's
+        if i not in self._done:
+            self._done[i] = self._row(self._cases[i])
+        return self._done[i]
 
 
 # Each reference's and mistake's output on a case, computed once per process: a room of
