@@ -60,7 +60,9 @@ def assert_mistake_named(ex: engine.Exercise, key: grading.Key, mistake: engine.
 
 
 def failed(result: engine.CheckResult, *words: str) -> None:
-    """``result`` is a failure whose message or hint says every one of ``words``."""
+    """``result`` is a failure whose message or hint says every one of ``words``, in the
+    learner's words: no traceback, no path into site-packages."""
     assert result.status == "failed", result
-    text = f"{result.message} {result.hint}"
+    text = f"{result.message} / {result.hint}"
     assert all(w in text for w in words), result
+    assert "Traceback" not in text and "site-packages" not in text, result

@@ -2,7 +2,8 @@
 refused with its hint; honest solutions written unlike the course's pass (grading's hidden
 cases and the notebook's check). Exercise 3 (the sharded step, on 8 devices) is tested in
 test_lab08_sharded.py, exercises 5 and 6 (the resume and decode loops) in
-test_lab08_loops.py."""
+test_lab08_loops.py, which also holds the test that lab 8's stored visible data are current
+(most of their cost is the outputs of exercises 5 and 6, which that file's tests compute)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import grading
 from tests import assess
 from tpu_course import hardware, lm
 from tpu_course.checks import ch08, engine
@@ -24,11 +24,6 @@ LAB = 8
 @pytest.mark.parametrize(("ex", "key", "mistake"), assess.mistakes(LAB, only=(1, 2, 4, 7)))
 def test_each_mistake_is_named(ex, key, mistake):
     assess.assert_mistake_named(ex, key, mistake)
-
-
-@pytest.mark.built_on_newest
-def test_visible_data_is_current():
-    assert grading.stale([LAB]) == []
 
 
 # -- honest answers, written unlike the course's ---------------------------------------------
@@ -89,15 +84,6 @@ def test_honest_answers_pass(title, answer):
 # -- shortcuts and answers that are not the known mistakes ------------------------------------
 
 
-def failed(title, answer, *words, learner="someone"):
-    result = assess.graded(LAB, title, answer, learner)
-    assert result.status == "failed", result
-    text = f"{result.message} / {result.hint}"
-    assert all(w in text for w in words), result
-    assert "Traceback" not in text and "site-packages" not in text, result
-    return result
-
-
 @pytest.mark.parametrize(("answer", "words"), [
     ((str(honest_size()[0]), honest_size()[1]), ("string", "quotes")),
     ((None, honest_size()[1]), ("one number",)),
@@ -105,7 +91,7 @@ def failed(title, answer, *words, learner="someone"):
     ((honest_size()[0], honest_size()[1] * 1.03), ("1.03x", "lookups")),
 ])
 def test_size_prediction_refuses_what_is_not_the_count(answer, words):
-    failed("Exercise 1", answer, *words)
+    assess.failed(assess.graded(LAB, "Exercise 1", answer), *words)
 
 
 @pytest.mark.parametrize(("choice", "words"), [
@@ -118,7 +104,7 @@ def test_size_prediction_refuses_what_is_not_the_count(answer, words):
     (3, ("name a policy",)),
 ])
 def test_remat_choices_are_measured(choice, words):
-    failed("Exercise 4", choice, *words)
+    assess.failed(assess.graded(LAB, "Exercise 4", choice), *words)
 
 
 def test_remat_budget_separates_the_policies():
@@ -149,7 +135,7 @@ def _raises(*_):
     ("Exercise 2", lambda q, k, v: v, ("query position 1", "scores q . k")),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_written_exercises_refuse_what_is_not_an_answer(title, answer, words):
-    failed(title, answer, *words)
+    assess.failed(assess.graded(LAB, title, answer), *words)
 
 
 @pytest.mark.parametrize(("value", "words"), [
@@ -159,4 +145,4 @@ def test_written_exercises_refuse_what_is_not_an_answer(title, answer, words):
     (math.inf, ("finite",)),
 ])
 def test_ridge_refuses_what_is_not_the_roofline(value, words):
-    failed("Exercise 7", value, *words)
+    assess.failed(assess.graded(LAB, "Exercise 7", value), *words)
