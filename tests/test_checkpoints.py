@@ -29,10 +29,14 @@ from flax import nnx
 
 from tpu_course import errors, models, train
 
-TINY = train.TrainConfig(model="mlp", mlp_hidden=(32,), epochs=2, batch_size=64,
+# Three epochs: the preemption test stops a run after its second. Every fit below trains
+# this one config (donated, the default), so its programs are compiled once in this module
+# and loaded from the module's compilation cache after that (tests/conftest.py).
+TINY = train.TrainConfig(model="mlp", mlp_hidden=(32,), epochs=3, batch_size=64,
                          learning_rate=1e-3, warmup_steps=2, eval_batch_size=64, log_every=2,
                          pipeline="prefetch", progress=False)
 REPO = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("compiled_once")
 
 
 def synthetic(n_train: int = 384, n_test: int = 64, seed: int = 0) -> types.SimpleNamespace:
@@ -50,21 +54,29 @@ def synthetic(n_train: int = 384, n_test: int = 64, seed: int = 0) -> types.Simp
                                  test_labels=yte, train_set="synthetic", name="synthetic")
 
 
-def state_after(steps: int):
-    """A small MLP's TrainState after ``steps`` Adam steps (distinct values per step)."""
+def states_after(steps: int) -> list:
+    """A small MLP's TrainState after 0, 1, ..., ``steps`` Adam steps (distinct values per
+    step), from one compiled step."""
     ds = synthetic(64, 8)
     batch = train.Batch(ds.train_images, ds.train_labels, np.ones(64, np.float32))
     tx = optax.adam(1e-3)
     graphdef, state = train.init_state(models.MLP(hidden=(32,), rngs=nnx.Rngs(0)), tx)
     step = jax.jit(train.make_train_step(graphdef, tx))
+    states = [state]
     for _ in range(steps):
-        state, _ = step(state, batch)
-    return state
+        states.append(step(states[-1], batch)[0])
+    return states
 
 
 @pytest.fixture(scope="module")
 def states():
-    return state_after(0), state_after(1), state_after(2)
+    return tuple(states_after(2))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """``fit(TINY)`` from start to end, no checkpoints: what a resumed run must end at."""
+    return train.fit(TINY, data=synthetic())
 
 
 def assert_same(a, b):
@@ -217,7 +229,7 @@ def test_metadata_json_cannot_hold_is_refused_before_saving(tmp_path, states):
     assert [p.name for p in (tmp_path / "c").iterdir()] == ["1"]
 
 
-def test_fit_resume_with_a_learners_folder_named_like_a_step(tmp_path):
+def test_fit_resume_with_a_learners_folder_named_like_a_step(tmp_path, uninterrupted):
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / "mine.txt").write_text("x")
     (tmp_path / "2023").mkdir()
@@ -228,8 +240,9 @@ def test_fit_resume_with_a_learners_folder_named_like_a_step(tmp_path):
     (tmp_path / "1" / "mine.txt").rename(tmp_path / "mine.txt")
     (tmp_path / "1").rmdir()
     h = train.fit(TINY, data=synthetic(), checkpoint_dir=tmp_path, resume=True)  # 2023/ ignored
-    assert len(h.epochs) == 2 and train.latest_step(tmp_path) == 2
+    assert len(h.epochs) == 3 and train.latest_step(tmp_path) == 3
     assert (tmp_path / "2023").is_dir()
+    assert h.train_loss == uninterrupted.train_loss  # nothing resumed: a run from scratch
     with pytest.raises(errors.CourseValueError, match="resume=True needs checkpoint_dir"):
         train.fit(TINY, data=synthetic(), resume=True)
 
@@ -260,17 +273,21 @@ print("finished every epoch", flush=True)
 '''
 
 
-def test_sigterm_saves_the_epoch_in_flight_and_resume_continues_it(tmp_path):
+def test_sigterm_saves_the_epoch_in_flight_and_resume_continues_it(tmp_path, uninterrupted):
     import dataclasses
 
-    cfg = TINY.replace(epochs=3)
-    # donate=False in the child skips the donation probe (seconds in a fresh process); it
-    # does not change the result, so the resume below (donate=True) may continue it.
-    fields = {**dataclasses.asdict(cfg), "donate": False}
-    script = CHILD.format(synthetic=inspect.getsource(synthetic), config=repr(fields))
+    cfg = TINY
+    script = CHILD.format(synthetic=inspect.getsource(synthetic),
+                          config=repr(dataclasses.asdict(cfg)))
+    # The child reads this module's compilation cache: TINY's programs (and the donation
+    # probe's), compiled by the fixture above, are loaded there, not compiled again.
+    cache = jax.config.jax_compilation_cache_dir
+    env = {**env_cpu(), **({"JAX_COMPILATION_CACHE_DIR": cache,
+                            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"} if cache else {})}
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), str(tmp_path / "ck")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env_cpu(), cwd=REPO)
+                            text=True, env=env, cwd=REPO)
     try:
         line = proc.stdout.readline()  # blocks until the child is in epoch 2 (or dies)
         assert line.startswith("step 7"), (line, proc.stderr.read() if not line else "")
@@ -288,7 +305,7 @@ def test_sigterm_saves_the_epoch_in_flight_and_resume_continues_it(tmp_path):
     assert train.latest_step(tmp_path / "ck") == 2
     # Resume continues from step 2 and ends exactly where an uninterrupted run ends.
     resumed = train.fit(cfg, data=synthetic(), checkpoint_dir=tmp_path / "ck", resume=True)
-    whole = train.fit(cfg, data=synthetic())
+    whole = uninterrupted
     assert [e.epoch for e in resumed.epochs] == [1, 2, 3]
     assert resumed.test_accuracy == whole.test_accuracy and resumed.train_loss == whole.train_loss
     assert_same(resumed.state, whole.state)
