@@ -283,7 +283,7 @@ def _ch4() -> str:
 def _ch5() -> str:
     import types
 
-    from tpu_course import data, train
+    from tpu_course import data
 
     try:
         ds = data.load_fashion_mnist()
@@ -300,6 +300,8 @@ def _ch5() -> str:
                       f"({', '.join(data.SYSTEM_DIRS['fashion_mnist'])}), or unset "
                       "TPU_COURSE_DATA on a runtime with internet access to download them "
                       "into the cache") from None
+    from tpu_course import train  # after the data: a missing folder fails without flax
+
     n_train, n_test = 512, 500
     subset = types.SimpleNamespace(
         name="fashion_mnist", train_set=f"first {n_train} images",
