@@ -1,7 +1,14 @@
-"""Runtime description and simulated devices, each in a fresh interpreter."""
+"""Runtime description and simulated devices.
+
+What must happen before JAX starts runs in a fresh interpreter (two, each shared by the
+tests that read it); what needs JAX already started runs in this process, whose JAX has
+one CPU device.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,8 +19,6 @@ from tpu_course import errors, runtime
 
 
 def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    import os
-
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
     env.update(env_extra or {})
@@ -21,58 +26,107 @@ def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProces
                           text=True, timeout=120, env=env)
 
 
-def test_import_does_not_start_jax_and_simulate_works_after_import():
+@pytest.fixture(scope="module")
+def doctor_simulates_after_import() -> dict:
+    """One fresh Python: the course imported (jax not), then ``tpu-course doctor
+    --simulate 8`` through ``main()`` (its ``simulate_devices(8)`` comes after the
+    import), then ``describe()``."""
     out = _run("""
-        import sys, tpu_course
+        import contextlib, io, json, sys, tpu_course
         from tpu_course import runtime, hardware, data
-        assert "jax" not in sys.modules, "importing tpu_course imported jax"
-        runtime.simulate_devices(8)
+        found = {"jax imported": "jax" in sys.modules,
+                 "count asked before": runtime.requested_cpu_devices()}
+        from tpu_course.__main__ import main
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            found["doctor exit"] = main(["doctor", "--simulate", "8"])
+        found["doctor said"] = said.getvalue()
         rt = runtime.describe()
-        print(rt.device_count, rt.simulated, rt.platform)
-        print(rt.banner())
+        found["described"] = [rt.device_count, rt.simulated, rt.platform]
+        found["banner"] = rt.banner()
+        print(json.dumps(found))
     """)
-    assert out.returncode == 0, out.stderr
-    first, banner, host = out.stdout.strip().splitlines()
-    assert first == "8 True cpu"
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_does_not_start_jax_and_simulate_works_after_import(
+        doctor_simulates_after_import):
+    found = doctor_simulates_after_import
+    assert found["jax imported"] is False, "importing tpu_course imported jax"
+    assert found["count asked before"] is None  # the 8 devices are simulate_devices' own
+    assert found["described"] == [8, True, "cpu"]
+    banner, host = found["banner"].splitlines()
     assert "8 simulated CPU device(s)" in banner and "not TPU timings" in banner
     assert host.startswith("  host: ") and "jax " in host and max(map(len, (banner, host))) <= 88
 
 
-def test_simulate_after_jax_imported_but_not_started_still_works():
-    out = _run("""
-        import jax
+@pytest.fixture(scope="module")
+def bad_flags_then_simulate() -> dict:
+    """One fresh Python: ``simulate_devices`` and ``describe`` refuse XLA_FLAGS that XLA
+    would die on (each leaves the flags as they were; ``describe`` imports jax and starts
+    nothing); then, with the flags unset, jax imported but not started,
+    ``simulate_devices(4)`` still works."""
+    out = _run(f"""
+        import json, os, sys
         from tpu_course import runtime
+        found = {{"simulate": [], "describe": []}}
+        for flags in ("{FLAG}=abc", "{FLAG}=-4", "--not_a_flag=1", "{FLAG}=100000"):
+            os.environ["XLA_FLAGS"] = flags
+            try:
+                runtime.simulate_devices(8)
+                found["simulate"].append("ACCEPTED " + flags)
+            except runtime.XlaFlagsError as err:
+                found["simulate"].append("REFUSED " + " ".join(str(err).split()))
+            assert os.environ["XLA_FLAGS"] == flags  # left as it was
+        for flags in ("{FLAG}=abc", "{FLAG}=100000",  # 100000: memory without end
+                      "{FLAG}=2 --not_a_flag=1"):  # a good count beside a refused flag
+            os.environ["XLA_FLAGS"] = flags
+            try:
+                runtime.describe()
+                found["describe"].append("ACCEPTED " + flags)
+            except runtime.XlaFlagsError as err:
+                found["describe"].append("REFUSED " + str(err))
+        del os.environ["XLA_FLAGS"]
+        import jax
+        found["started"] = runtime._backends_started()
         runtime.simulate_devices(4)
-        print(len(jax.devices()))
+        found["devices"] = len(jax.devices())
+        print(json.dumps(found))
     """)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "4"
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_simulate_after_jax_imported_but_not_started_still_works(bad_flags_then_simulate):
+    assert bad_flags_then_simulate["started"] is False  # jax imported, no backend yet
+    assert bad_flags_then_simulate["devices"] == 4
 
 
 def test_simulate_too_late_raises_and_says_restart():
-    out = _run("""
-        import jax, jax.numpy as jnp
-        jnp.ones(3).block_until_ready()
-        from tpu_course import runtime
-        try:
-            runtime.simulate_devices(8)
-        except runtime.TooLateError as err:
-            print("TooLateError:", err)
-    """)
-    assert out.returncode == 0, out.stderr
-    assert "TooLateError" in out.stdout and "Restart the kernel" in out.stdout
-    assert "1 CPU device" in out.stdout
+    """In this process, whose JAX has started (with one CPU device)."""
+    import jax
+    import jax.numpy as jnp
+
+    jnp.ones(3).block_until_ready()
+    have = len(jax.devices("cpu"))
+    flags = os.environ.get("XLA_FLAGS")
+    with pytest.raises(runtime.TooLateError) as info:
+        runtime.simulate_devices(8 if have != 8 else 4)
+    assert "Restart the kernel" in str(info.value)
+    assert f"{have} CPU device" in str(info.value)
+    assert os.environ.get("XLA_FLAGS") == flags  # left as it was
 
 
-def test_flag_set_after_start_is_reported_by_describe():
-    out = _run("""
-        import os, jax
-        jax.devices()
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-        from tpu_course import runtime
-        print(runtime.describe().warnings)
-    """)
-    assert "asks for 8 CPU devices but JAX has 1" in out.stdout
+def test_flag_set_after_start_is_reported_by_describe(monkeypatch):
+    """In this process: its JAX has started; the flag is set afterwards."""
+    import jax
+
+    jax.devices()
+    have = len(jax.devices("cpu"))
+    n = 8 if have != 8 else 4
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={n}")
+    assert f"asks for {n} CPU devices but JAX has {have}" in " ".join(
+        runtime.describe().warnings)
 
 
 def test_simulate_rejects_bad_counts():
@@ -92,14 +146,12 @@ def test_banner_for_an_accelerator_names_the_chip():
     assert rt.chip.mxu_size == 256
 
 
-def test_doctor_runs_and_reports_simulated_devices():
-    out = _run("""
-        from tpu_course.__main__ import main
-        raise SystemExit(main(["doctor", "--simulate", "8"]))
-    """)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "simulated devices: 8 CPU devices" in out.stdout
-    assert "versions: jax" in out.stdout and "backend: cpu" in out.stdout
+def test_doctor_runs_and_reports_simulated_devices(doctor_simulates_after_import):
+    found = doctor_simulates_after_import
+    assert found["doctor exit"] == 0, found["doctor said"]
+    said = found["doctor said"]
+    assert "simulated devices: 8 CPU devices" in said
+    assert "versions: jax" in said and "backend: cpu" in said
 
 
 def test_doctor_flags_a_tpu_host_where_jax_sees_only_cpu(monkeypatch):
@@ -162,28 +214,10 @@ def test_the_device_count_flag_is_checked_without_starting_xla():
     assert runtime._with_device_count(f"--a=1 {FLAG}=abc {FLAG}=-4", 8) == f"--a=1 {FLAG}=8"
 
 
-def test_simulate_devices_and_describe_refuse_a_bad_flag_before_xla_kills_the_process():
-    out = _run(f"""
-        import os
-        from tpu_course import runtime
-        for flags in ("{FLAG}=abc", "{FLAG}=-4", "--not_a_flag=1", "{FLAG}=100000"):
-            os.environ["XLA_FLAGS"] = flags
-            try:
-                runtime.simulate_devices(8)
-                print("ACCEPTED", flags)
-            except runtime.XlaFlagsError as err:
-                print("REFUSED", " ".join(str(err).split()))
-            assert os.environ["XLA_FLAGS"] == flags  # left as it was
-        for flags in ("{FLAG}=abc", "{FLAG}=100000"):  # 100000: memory without end
-            os.environ["XLA_FLAGS"] = flags
-            try:
-                runtime.describe()
-            except runtime.XlaFlagsError as err:
-                print("DESCRIBE REFUSED", " ".join(str(err).split()))
-    """)
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 6 and all("REFUSED" in line for line in lines), out.stdout
+def test_simulate_devices_and_describe_refuse_a_bad_flag_before_xla_kills_the_process(
+        bad_flags_then_simulate):
+    lines = bad_flags_then_simulate["simulate"] + bad_flags_then_simulate["describe"][:2]
+    assert len(lines) == 6 and all("REFUSED" in line for line in lines), lines
     assert f"XLA_FLAGS holds {FLAG}=abc: the CPU device count" in lines[0]
     assert f"XLA_FLAGS holds {FLAG}=-4" in lines[1]
     assert "Unknown flag in XLA_FLAGS: --not_a_flag=1" in lines[2]
@@ -191,6 +225,14 @@ def test_simulate_devices_and_describe_refuse_a_bad_flag_before_xla_kills_the_pr
     assert f"XLA_FLAGS holds {FLAG}=100000: 100,000 simulated CPU devices" in lines[3]
     assert f"XLA_FLAGS holds {FLAG}=abc" in lines[4]
     assert "more than the course's limit of 1,024" in lines[5]
+
+
+def test_describe_refuses_a_bad_xla_flag_before_xla_kills_the_process(
+        bad_flags_then_simulate):
+    """A good device count beside a flag XLA does not know: still refused, by name."""
+    said = bad_flags_then_simulate["describe"][2]
+    assert said.startswith("REFUSED XLA_FLAGS="), said
+    assert "Unknown flag in XLA_FLAGS: --not_a_flag=1" in said
 
 
 def test_an_absurd_device_count_is_refused_with_the_limit_and_what_it_would_need():
