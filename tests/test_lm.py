@@ -14,7 +14,9 @@ from flax import nnx
 
 from tpu_course import errors, hardware, lm, textdata
 
-TINY = lm.LMConfig(d_model=32, heads=4, layers=1, d_ff=64, context=16,
+# d_ff and context equal to d_model: the parameters come in 4 shapes, not 6 (each new
+# shape compiles its initialiser, about a second, once per process)
+TINY = lm.LMConfig(d_model=32, heads=4, layers=1, d_ff=32, context=32,
                    compute_dtype="float32")
 
 
@@ -59,16 +61,21 @@ def fast(tiny):
     return Jitted(tiny)
 
 
+#: The one batch shape every forward pass below has (compiled once): 2 sequences that fill
+#: the context.
+B, T = 2, TINY.context
+
+
 def test_the_head_starts_at_zero_so_every_byte_is_equally_likely(fast):
     model = lm.LM(TINY, rngs=nnx.Rngs(0))
     assert not np.asarray(model.head[...]).any()
-    logits = fast._call(nnx.state(model), tokens(3, 10))  # the fixture's compiled forward
+    logits = fast._call(nnx.state(model), tokens(B, T))  # the fixture's compiled forward
     np.testing.assert_allclose(jax.nn.log_softmax(logits), -np.log(256), rtol=1e-6)
 
 
 def test_shapes_and_dtypes(tiny, fast):
-    logits = fast(tokens(3, 10))
-    assert logits.shape == (3, 10, 256) and logits.dtype == jnp.float32
+    logits = fast(tokens(B, T))
+    assert logits.shape == (B, T, 256) and logits.dtype == jnp.float32
     params = jax.tree.leaves(nnx.state(tiny, nnx.Param))
     assert all(p.dtype == jnp.float32 for p in params)  # master weights stay float32
 
@@ -83,7 +90,7 @@ def test_param_count_equals_the_models_real_count(config):
 
 
 def test_causality_a_later_token_never_changes_an_earlier_logit(fast):
-    x = tokens(3, 10)  # the shape test_shapes_and_dtypes compiled
+    x = tokens(B, T)  # the shape test_shapes_and_dtypes compiled
     before = fast(x)
     for i in (0, 5, 9):
         changed = x.at[:, i].set((x[:, i] + 7) % 256)
@@ -93,22 +100,22 @@ def test_causality_a_later_token_never_changes_an_earlier_logit(fast):
 
 
 def test_cached_decoding_equals_full_recomputation(fast):
-    x = tokens(2, 16, seed=3)
+    x = tokens(B, T, seed=3)
     full = fast(x)
     cache = lm.init_cache(TINY, batch=2)
     pieces = []
     logits, cache = fast.decode(x[:, :9], cache)  # prefill
     pieces.append(logits)
-    for i in range(9, 16):  # one token at a time
+    for i in range(9, T):  # one token at a time
         logits, cache = fast.decode(x[:, i:i + 1], cache)
         pieces.append(logits)
-    assert int(cache.length) == 16
+    assert int(cache.length) == T
     np.testing.assert_allclose(np.concatenate(pieces, 1), full, atol=1e-5, rtol=0)
 
 
 def test_bf16_compute_stays_close_to_float32(fast):
     config = lm.LMConfig(**{**TINY.__dict__, "compute_dtype": "bfloat16"})
-    x = tokens(2, 16)
+    x = tokens(B, T)
     low = Jitted(randomized(lm.LM(config, rngs=nnx.Rngs(0))))(x)
     high = fast(x)  # the same weights (seed 0, head seed 9), computed in float32
     assert low.dtype == jnp.float32 and np.abs(high).max() > 1
@@ -118,37 +125,37 @@ def test_bf16_compute_stays_close_to_float32(fast):
 
 
 def test_generate_greedy_equals_repeated_argmax_of_the_full_model(tiny, fast):
-    prompt = tokens(3, 4, seed=5)
-    out = lm.generate(tiny, prompt, steps=6)
-    # (3, 10), the shape compiled already; position i - 1 sees tokens 0..i - 1 only
-    ref = jnp.concatenate([prompt, jnp.zeros((3, 6), prompt.dtype)], axis=1)
-    for i in range(4, 10):
+    prompt = tokens(B, 4, seed=5)
+    out = lm.generate(tiny, prompt, steps=T - 4)
+    # (B, T), the shape compiled already; position i - 1 sees tokens 0..i - 1 only
+    ref = jnp.concatenate([prompt, jnp.zeros((B, T - 4), prompt.dtype)], axis=1)
+    for i in range(4, T):
         nxt = jnp.argmax(fast(ref)[:, i - 1], axis=-1).astype(ref.dtype)
         ref = ref.at[:, i].set(nxt)
     np.testing.assert_array_equal(out, ref)
-    sampled = lm.generate(tiny, prompt, steps=6, temperature=1.0, seed=1)
-    np.testing.assert_array_equal(sampled, lm.generate(tiny, prompt, steps=6,
+    sampled = lm.generate(tiny, prompt, steps=T - 4, temperature=1.0, seed=1)
+    np.testing.assert_array_equal(sampled, lm.generate(tiny, prompt, steps=T - 4,
                                                        temperature=1.0, seed=1))
-    assert sampled.shape == (3, 10) and (sampled[:, :4] == prompt).all()
+    assert sampled.shape == (B, T) and (sampled[:, :4] == prompt).all()
 
 
 def test_generate_top_k_samples_only_the_k_most_likely_bytes(tiny, fast):
-    prompt = tokens(3, 4, seed=5)
+    prompt = tokens(B, 4, seed=5)
     # the shapes and temperatures of the test above: nothing new to compile (top_k is
     # traced). top_k=1 keeps the argmax alone: sampling is then greedy
     np.testing.assert_array_equal(
-        lm.generate(tiny, prompt, steps=6, temperature=1.0, top_k=1, seed=3),
-        lm.generate(tiny, prompt, steps=6))
+        lm.generate(tiny, prompt, steps=T - 4, temperature=1.0, top_k=1, seed=3),
+        lm.generate(tiny, prompt, steps=T - 4))
     # top_k=3: every sampled byte is among the 3 largest logits of the full model there
-    out = lm.generate(tiny, prompt, steps=6, temperature=1.0, top_k=3, seed=4)
+    out = lm.generate(tiny, prompt, steps=T - 4, temperature=1.0, top_k=3, seed=4)
     logits = np.asarray(fast(out))
-    for i in range(4, 10):
+    for i in range(4, T):
         top3 = np.argsort(logits[:, i - 1], axis=-1)[:, -3:]
-        assert all(int(out[b, i]) in top3[b] for b in range(3)), (i, out[:, i], top3)
+        assert all(int(out[b, i]) in top3[b] for b in range(B)), (i, out[:, i], top3)
     # top_k=256 (the whole vocabulary) is plain sampling, draw for draw
     np.testing.assert_array_equal(
-        lm.generate(tiny, prompt, steps=6, temperature=1.0, top_k=256, seed=1),
-        lm.generate(tiny, prompt, steps=6, temperature=1.0, seed=1))
+        lm.generate(tiny, prompt, steps=T - 4, temperature=1.0, top_k=256, seed=1),
+        lm.generate(tiny, prompt, steps=T - 4, temperature=1.0, seed=1))
     for bad in (0, 257, 2.0):
         with pytest.raises(errors.CourseError, match="top_k"):
             lm.generate(tiny, prompt, steps=2, temperature=1.0, top_k=bad)
@@ -257,13 +264,13 @@ def test_models_text_and_empty_tokens_and_non_models_are_refused(tiny):
 
 def test_decode_refuses_what_does_not_fit_its_cache(tiny):
     cache = lm.init_cache(TINY, batch=1)
-    with pytest.raises(errors.CourseValueError, match=r"20 tokens do not fit a cache of 16"):
-        tiny.decode(jnp.zeros((1, 20), jnp.int32), cache)
+    with pytest.raises(errors.CourseValueError, match=r"40 tokens do not fit a cache of 32"):
+        tiny.decode(jnp.zeros((1, 40), jnp.int32), cache)
     with pytest.raises(errors.CourseValueError, match=r"tokens have a batch of 2 but the cache "
                        r"was made for a batch of 1: .*init_cache\(config, batch=2\)"):
         tiny.decode(jnp.zeros((2, 3), jnp.int32), cache)
-    full = cache._replace(length=jnp.array(TINY.context, jnp.int32))  # 16 of 16 decoded
-    with pytest.raises(errors.CourseValueError, match=r"the cache holds 16 of 16 positions: 1 "
+    full = cache._replace(length=jnp.array(TINY.context, jnp.int32))  # 32 of 32 decoded
+    with pytest.raises(errors.CourseValueError, match=r"the cache holds 32 of 32 positions: 1 "
                        r"more token\(s\) would run past its end"):
         tiny.decode(jnp.zeros((1, 1), jnp.int32), full)
     other = lm.init_cache(lm.LMConfig(**{**TINY.__dict__, "context": 8}), batch=1)
@@ -273,8 +280,8 @@ def test_decode_refuses_what_does_not_fit_its_cache(tiny):
 
 # ---------------------------------------------------------------- python -m tpu_course.lm
 
-CLI_TINY = ["--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff", "64",
-            "--context", "16", "--batch", "2"]  # TINY's shapes: its initialisers are compiled
+CLI_TINY = ["--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff", "32",
+            "--context", "32", "--batch", "2"]  # TINY's shapes: its initialisers are compiled
 PROG = "python -m tpu_course.lm: "
 
 
@@ -357,7 +364,7 @@ def test_cli_resumes_bit_for_bit_and_says_what_it_did(capsys, tmp_path):
         assert err[0].startswith(f"{PROG}error: the checkpoint in {ck} (step 4) was written by "
                                  "a run with other settings: ") and said in err[0]
     # the function says the same: nothing to train is a warning, the saved state comes back
-    config = lm.LMConfig(d_model=32, heads=4, layers=1, d_ff=64, context=16)
+    config = lm.LMConfig(d_model=32, heads=4, layers=1, d_ff=32, context=32)
     with pytest.warns(UserWarning, match=r"holds step 4 already, at or past steps=4"):
         done = lm.run(config, 4, batch=2, checkpoint_dir=ck)
     assert done["steps"] == [] and done["resumed_from"] == 4
@@ -419,8 +426,8 @@ def test_memory_budget_against_xlas_memory_analysis_on_8_devices(subprocess_runn
 def test_memory_budget_by_hand_and_bad_inputs():
     b = lm.memory_budget(TINY, {"data": 1, "model": 1}, batch=2)
     assert b.params_bytes == 4 * lm.param_count(TINY)  # one device holds everything
-    assert b.optimizer_bytes == 2 * b.params_bytes + 8 and b.batch_bytes == 2 * 2 * 16 * 4
-    d, f, h, t = 32, 64, 4, 16
+    assert b.optimizer_bytes == 2 * b.params_bytes + 8 and b.batch_bytes == 2 * 2 * 32 * 4
+    d, f, h, t = 32, 32, 4, 32
     per_token = 4 * (4 * d + 4 * d + 2 * f) + 4 * h * t + (4 * d + 4 * 256)
     assert b.activations_bytes == 2 * t * per_token
     with pytest.raises(errors.CourseValueError, match="axes 'data' and 'model'"):
