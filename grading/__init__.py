@@ -186,8 +186,12 @@ def check(exercise: Exercise, key: Key, answer: Any, rng: np.random.Generator | 
     """Grade ``answer`` (trusted code: a key's reference or mistake, a test's honest
     solution) in this process, on the visible cases and, with ``rng``, hidden ones."""
     cases = cases_for(exercise, key, rng)
-    try:
-        outputs = exercise.run(as_answer(exercise, answer), cases)
+
+    def run(case: Case) -> Any:
+        (got,) = exercise.run(as_answer(exercise, answer), [case])
+        return got
+    try:  # a key's own mistake, graded as a submission, runs once per case and process
+        outputs = [_remembered(exercise, answer, c, run) for c in cases]
     except NotImplementedError:
         return engine.not_written(exercise.title)
     return grade(exercise, key, outputs, cases)
