@@ -168,10 +168,13 @@ def test_donation_probe_matches_a_train_step_on_this_jax():
     import jax
     import numpy as np
     import optax
+    from flax import nnx
 
     from tpu_course import models, train
 
-    model = models.create("mlp", seed=0)
+    # created in one compiled program: the same parameters as eager creation, whose
+    # initialisers compile one by one
+    model = nnx.jit(lambda: models.create("mlp", seed=0))()
     tx = optax.adam(1e-3)
     graphdef, state0 = train.init_state(model, tx)
     step = train.make_train_step(graphdef, tx)
