@@ -179,8 +179,8 @@ def test_donation_probe_matches_a_train_step_on_this_jax():
     graphdef, state0 = train.init_state(model, tx)
     step = train.make_train_step(graphdef, tx)
     rng = np.random.default_rng(0)
-    batch = train.Batch(rng.random((64, 28, 28), np.float32), rng.integers(0, 10, 64).astype(np.int32),
-                        np.ones(64, np.float32))
+    batch = train.Batch(rng.random((64, 28, 28), np.float32),
+                        rng.integers(0, 10, 64).astype(np.int32), np.ones(64, np.float32))
     losses = []
     for donate in ((), (0,)):
         state = jax.tree.map(lambda a: jax.numpy.array(a, copy=True), state0)
@@ -255,7 +255,8 @@ def test_an_absurd_device_count_is_refused_with_the_limit_and_what_it_would_need
     with pytest.raises(errors.CourseValueError, match=r"devices=2000: expected an integer >= 1 "
                        r"and <= 1024"):
         runtime.cpu_subprocess_env(2000)
-    with pytest.raises(errors.CourseTypeError, match=r"keep_xla_flags='no': expected True or False"):
+    with pytest.raises(errors.CourseTypeError,
+                       match=r"keep_xla_flags='no': expected True or False"):
         runtime.cpu_subprocess_env(8, keep_xla_flags="no")
 
 
