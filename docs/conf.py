@@ -21,6 +21,9 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 import course_site  # noqa: E402  (docs/_ext/course_site.py)
 
 from tpu_course import REPOSITORY  # noqa: E402
+from tpu_course.checks.worker import skip_uri_grammar  # noqa: E402
+
+skip_uri_grammar()  # before myst-nb imports nbformat
 
 project = "tpu-course"
 author = "the tpu-course authors"

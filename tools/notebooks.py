@@ -35,6 +35,7 @@ from typing import Any
 import tpu_course
 from tools import SETUP_TAG
 from tpu_course import REPOSITORY
+from tpu_course.checks.worker import skip_uri_grammar
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FOLDERS = ("notebooks", "solutions", "labs")
@@ -570,6 +571,7 @@ def _jobs(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    skip_uri_grammar()
     parser = argparse.ArgumentParser(prog="python -m tools.notebooks")
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="execute .py twins into .ipynb with outputs")

@@ -46,6 +46,7 @@ import sys
 from typing import Any
 
 from tools import SETUP_TAG  # the setup cell: never on a slide
+from tpu_course.checks.worker import skip_uri_grammar
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent / "slides_template"
@@ -278,6 +279,7 @@ def mark(py: pathlib.Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    skip_uri_grammar()
     parser = argparse.ArgumentParser(prog="python -m tools.slides")
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="one reveal.js deck per chapter")

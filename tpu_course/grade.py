@@ -981,6 +981,9 @@ _SUBMISSION_XLA_FLAGS: str | None | bool = False
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``tpu-course grade``; exit 0 when grading ran, 2 when it could not."""
+    from tpu_course.checks.worker import skip_uri_grammar
+
+    skip_uri_grammar()
     parser = argparse.ArgumentParser(
         prog="tpu-course grade", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Grade a room's submitted lab notebooks, for feedback, NOT for exams.",

@@ -89,10 +89,16 @@ def _read(path: pathlib.Path) -> Any:
         return None
 
 
-def main(job_dir: str) -> int:
-    # jsonschema's optional URI checker builds a grammar on import (seconds per notebook);
-    # notebooks need no URI validation.
+def skip_uri_grammar() -> None:
+    """Make nbformat cheap to import in this process: jsonschema's optional URI checker
+    (``rfc3987_syntax``) builds a parser on import, about 3 CPU-seconds, and no notebook
+    needs URI validation. Call it before nbformat is first imported (the grader, its
+    worker, the course's tools and tests do; a learner's kernel never imports it)."""
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+
+def main(job_dir: str) -> int:
+    skip_uri_grammar()
     import nbformat
     from nbclient import NotebookClient
 
