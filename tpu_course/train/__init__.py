@@ -222,8 +222,9 @@ def fit(config: TrainConfig = TrainConfig(), *, data: Any = None,
         state, meta = _resume(config, checkpoint_dir, state)
         done = [EpochRecord(**r) for r in meta["epochs"]]
         logged = [tuple(s) for s in meta["steps"]]
-    if place is not None:
-        state = jax.device_put(state, place.state)
+    # Committed to its device(s) as a restored state is: a resumed run then reuses the
+    # programs a fresh run compiled (an uncommitted state is another cache key).
+    state = jax.device_put(state, place.state if place is not None else jax.devices()[0])
     donate = (0,) if config.donate and runtime.donation_is_safe() else ()
     compile_time = pipeline.compile(make_train_step(graphdef, tx, compute_dtype=dtype),
                                     make_eval_step(graphdef, compute_dtype=dtype), state, donate)
