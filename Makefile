@@ -54,7 +54,7 @@ COLAB_TESTS := -m "not site and not stack_independent and not mistake and not bu
 # (The warnings policy is the course's, not Sphinx's: off for the build.)
 define BUILD_SITE
 rm -rf build/site
-TPU_COURSE_STRICT_WARNINGS=0 $(PY) -m sphinx -j auto -W --keep-going -q -b html -c docs -d build/doctrees . build/site
+TPU_COURSE_STRICT_WARNINGS=0 $(PY) -m sphinx -W --keep-going -q -b html -c docs -d build/doctrees . build/site
 $(PY) -m tools.linkcheck build/site
 endef
 # The site and decks (make site builds them into build/site/slides too) in headless

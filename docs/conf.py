@@ -223,6 +223,6 @@ def setup(app):
     app.connect("build-finished", _root_redirect)
     app.connect("build-finished", _build_decks)
     app.connect("html-page-context", _add_kaggle_button, priority=502)
-    # the handlers above keep no state between documents: Sphinx may read and write the
-    # pages in parallel (make site builds with -j auto)
+    # the handlers above keep no state between documents (sphinx-mathjax-offline does
+    # not say whether it is parallel-safe, so make site builds serially)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
