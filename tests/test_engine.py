@@ -139,6 +139,21 @@ def test_scorecard_reveal_and_the_feedback_line(capsys):
     assert "nothing to reveal" in checks.reveal("exercise 1", lab=90)
 
 
+def test_in_a_grading_run_the_notebook_checks_do_not_run_the_learners_code(monkeypatch):
+    lab, ex, key = toy()
+    calls = []
+
+    def double(x):
+        calls.append(x)
+        return 2 * x
+
+    assert ex.check(double).passed and calls == [3]
+    monkeypatch.setenv(engine.GRADING_RUN, "a-token")  # what the grader's worker sets
+    card = lab.scorecard({"double": double, "predicted_sum": 10})
+    assert calls == [3] and card.skipped == 2 and card.total() == "Lab 90: 0 of 0 passed, 2 skipped"
+    assert "cases of its own" in ex.check(double).message
+
+
 def test_hidden_cases_come_from_the_secret_not_the_file_name():
     _, ex, key = toy()
     a = grading.cases_for(ex, key, grading.rng_for("s1", "ada", 90, ex.title))
