@@ -27,7 +27,7 @@ import time
 import nbformat
 import pytest
 
-from tpu_course import checks, grade
+from tpu_course import checks, grade, runtime
 
 pytestmark = pytest.mark.stack_independent  # not rerun on the Colab line (pyproject.toml)
 
@@ -404,6 +404,17 @@ def test_grader_cannot_run_without_submissions(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "tpu_course", "grade", *args],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_grader_starts_jax_without_libtpus_warnings():
+    plain = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                           capture_output=True, text=True, timeout=120)
+    if not runtime._LIBTPU_NOISE.search(plain.stderr):
+        pytest.skip("JAX starts without libtpu's warnings here (no libtpu, or JAX_PLATFORMS)")
+    quiet = subprocess.run([sys.executable, "-c", "from tpu_course import grade; "
+                            "grade._start_jax_quietly()"], capture_output=True, text=True,
+                           timeout=120)
+    assert quiet.returncode == 0 and not runtime._LIBTPU_NOISE.search(quiet.stderr), quiet.stderr
 
 
 def test_help_says_feedback_not_exams():

@@ -974,6 +974,17 @@ def _simulate_lab_devices() -> None:
     _SUBMISSION_XLA_FLAGS = before  # the notebooks get XLA_FLAGS as they were
 
 
+def _start_jax_quietly() -> None:
+    """Start JAX's backends here, where libtpu's start-up warnings (the ``jax[tpu]`` extra on
+    a machine without a TPU) are dropped instead of reaching the instructor's terminal."""
+    from tpu_course import runtime
+
+    with runtime.quiet_libtpu():
+        import jax
+
+        jax.devices()
+
+
 #: XLA_FLAGS as they were before this process simulated devices for itself (``False``: it
 #: did not), which a submission's processes get back: a notebook simulates its own.
 _SUBMISSION_XLA_FLAGS: str | None | bool = False
@@ -1026,6 +1037,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.out:
         parser.error("--out DIR is required: where grades.csv and summary.md go")
     _simulate_lab_devices()
+    _start_jax_quietly()
     try:
         rows = grade(args.submissions, args.out, timeout_s=args.timeout, jobs=args.jobs,
                      force=args.force, resume=args.resume, roster=args.roster,
