@@ -407,10 +407,8 @@ def test_grader_cannot_run_without_submissions(tmp_path):
 
 
 def test_the_grader_starts_jax_without_libtpus_warnings():
-    plain = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
-                           capture_output=True, text=True, timeout=120)
-    if not runtime._LIBTPU_NOISE.search(plain.stderr):
-        pytest.skip("JAX starts without libtpu's warnings here (no libtpu, or JAX_PLATFORMS)")
+    if not runtime._libtpu_may_log():  # where libtpu may start, a plain JAX start logs
+        pytest.skip("no libtpu here (or JAX_PLATFORMS leaves the TPU backend out)")
     quiet = subprocess.run([sys.executable, "-c", "from tpu_course import grade; "
                             "grade._start_jax_quietly()"], capture_output=True, text=True,
                            timeout=120)
