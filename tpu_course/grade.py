@@ -91,6 +91,7 @@ import time
 from typing import Any, Iterable, Sequence
 
 from tpu_course import errors, room
+from tpu_course.checks.engine import GRADING_RUN
 from tpu_course.room import one_line as _one_line, safe as _safe
 
 STATUSES = ("passed", "failed", "not written", "skipped", "error", "timeout")
@@ -424,7 +425,7 @@ class Sandbox:
         env.pop("TPU_COURSE_GRADING", None)
         env.update(TMPDIR=tmp, MPLCONFIGDIR=f"{tmp}/mpl", XDG_CACHE_HOME=f"{tmp}/cache",
                    JUPYTER_RUNTIME_DIR=f"{tmp}/jupyter", IPYTHONDIR=f"{tmp}/ipython",
-                   PYTHONDONTWRITEBYTECODE="1", TPU_COURSE_GRADE_TOKEN=token,
+                   PYTHONDONTWRITEBYTECODE="1", **{GRADING_RUN: token},
                    TPU_COURSE_WITHHOLD_TEST_LABELS="1")
         return env
 
@@ -454,9 +455,14 @@ def find_sandbox(hidden: Iterable[str | os.PathLike] = ()) -> Sandbox:
     return sandbox
 
 
+def _token_entry(token: str) -> bytes:
+    """The entry a submission's processes carry in /proc/PID/environ."""
+    return f"{GRADING_RUN}={token}".encode()
+
+
 def _kill_leftovers(token: str) -> None:
     """Kill every process that still carries this submission's token (setsid'd ones too)."""
-    needle = f"TPU_COURSE_GRADE_TOKEN={token}".encode()
+    needle = _token_entry(token)
     for environ in glob.glob("/proc/[0-9]*/environ"):
         pid = int(environ.split("/")[2])
         try:
@@ -539,7 +545,7 @@ class _Watch:
     """The processes that carry a submission's token: how many, and their resident bytes."""
 
     def __init__(self, token: str) -> None:
-        self.needle = f"TPU_COURSE_GRADE_TOKEN={token}".encode()
+        self.needle = _token_entry(token)
         self.others: set[int] = {os.getpid()}  # processes seen without the token
         self.page = os.sysconf("SC_PAGE_SIZE")
 
